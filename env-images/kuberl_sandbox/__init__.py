@@ -1,0 +1,1 @@
+"""The sandbox server: isolated code-execution sessions, task suites and rewards."""

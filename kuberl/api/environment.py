@@ -1,0 +1,100 @@
+"""The environment protocol and the reward interface every tier agrees on.
+
+An environment turns a task into an observation, applies actions (tool calls) and can snapshot and
+restore its state, so that an episode can be rebuilt exactly elsewhere. A reward function is a plain
+callable registered by name; it is the only code most users write.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import Field
+
+from kuberl.api.base import ApiModel
+
+
+class Task(ApiModel):
+    """One task of a suite: what the agent is asked to do and the files it starts from."""
+
+    task_id: str = Field(min_length=1)
+    """Unique within its suite."""
+    prompt: str
+    """Instruction shown to the agent."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """Initial workspace: relative path -> content."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Suite-specific data (hidden tests, split, seed...)."""
+
+
+class ToolCall(ApiModel):
+    """An action: a named tool with JSON arguments."""
+
+    name: str = Field(min_length=1)
+    """Tool name, e.g. run, read_file, write_file, submit."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """Tool arguments."""
+
+
+class StepResult(ApiModel):
+    """What applying an action returned."""
+
+    observation: str
+    """Text fed back to the agent."""
+    reward: float | None = None
+    """Intermediate reward after this step, if the reward function gives one."""
+    done: bool = False
+    """The episode is over (submitted, or the environment ended it)."""
+    info: dict[str, Any] = Field(default_factory=dict)
+    """Diagnostics: exit codes, test results, timings."""
+
+
+class Snapshot(ApiModel):
+    """Serialised environment state; `checksum` proves a restored workspace matches."""
+
+    session_id: str
+    """Session the snapshot was taken from."""
+    checksum: str
+    """Digest of the workspace contents."""
+    data: str
+    """Opaque state (for example a base64 archive)."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """An agent's world. Implementations may be local or call a sandbox server over HTTP."""
+
+    async def reset(self, task: Task) -> str:
+        """Start an episode on `task` and return the initial observation."""
+        ...
+
+    async def step(self, action: ToolCall) -> StepResult:
+        """Apply one action."""
+        ...
+
+    async def snapshot(self) -> Snapshot:
+        """Capture the state so the episode can continue elsewhere."""
+        ...
+
+    async def restore(self, snapshot: Snapshot) -> None:
+        """Rebuild the state of `snapshot`; raises if the checksum does not match."""
+        ...
+
+
+class RewardContext(ApiModel):
+    """What a reward function sees after a step or at the end of an episode."""
+
+    task: Task
+    """The task."""
+    actions: list[ToolCall]
+    """Actions taken so far."""
+    last_result: StepResult | None = None
+    """Result of the last action."""
+    final: bool = False
+    """True when the episode is over and the outcome reward is wanted."""
+
+
+class RewardFunction(Protocol):
+    """A reward function: return a float (or None for no intermediate reward at this step)."""
+
+    def __call__(self, context: RewardContext) -> float | None: ...

@@ -1,0 +1,587 @@
+"""The RLJob spec (`kuberl.io/v1alpha1`): what an RL engineer writes. One model per section.
+
+Every field has a description (its docstring) and, where one makes sense, a default that works.
+Field names are snake_case here and camelCase in manifests.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kuberl.api.base import ApiModel, CrossFieldRule
+from kuberl.api.types import DnsLabel, Duration, Image, Quantity, StorageUri, parse_duration
+
+API_VERSION = "kuberl.io/v1alpha1"
+KIND = "RLJob"
+DEFAULT_IMAGE_REGISTRY = "ghcr.io/kuberl"
+
+
+class StrEnum(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+
+# ----------------------------------------------------------------------------------------- model
+class DType(StrEnum):
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class ModelSpec(ApiModel):
+    """The policy to train."""
+
+    uri: StorageUri = "runs/models/tiny-llama"
+    """Hugging Face model folder (safetensors + tokenizer): s3://bucket/prefix, file:///path or a local path."""
+    dtype: DType = DType.AUTO
+    """Weights dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16."""
+    max_context_tokens: int = Field(32768, ge=256, le=1_048_576)
+    """Longest context (prompt + all turns) the job may build, in tokens."""
+
+
+# ------------------------------------------------------------------------------------- algorithm
+class AlgorithmName(StrEnum):
+    GRPO = "grpo"
+    RLOO = "rloo"
+    PPO = "ppo"
+
+
+class CreditAssignmentMode(StrEnum):
+    OUTCOME = "outcome"
+    TURN = "turn"
+    PRM = "prm"
+    GAE = "gae"
+
+
+class GaeLevel(StrEnum):
+    TOKEN = "token"
+    TURN = "turn"
+
+
+class CreditAssignment(ApiModel):
+    """How a trajectory's rewards become per-token advantages."""
+
+    mode: CreditAssignmentMode = CreditAssignmentMode.OUTCOME
+    """outcome: every generated token gets the trajectory's advantage; turn: discounted per-turn returns
+    from intermediate rewards with a per-turn group baseline; prm: a process reward scores each turn;
+    gae: generalised advantage estimation with the value head (algorithm ppo)."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount across turns (turn, prm) or tokens (gae)."""
+    lam: float = Field(0.95, ge=0.0, le=1.0, alias="lambda")
+    """GAE lambda."""
+    gae_level: GaeLevel = GaeLevel.TURN
+    """For gae: estimate at token level or at turn level (one value per turn boundary)."""
+
+
+class OffPolicyMode(StrEnum):
+    NONE = "none"
+    TIS = "tis"
+    MIS = "mis"
+
+
+class OffPolicyCorrection(ApiModel):
+    """Correction for the gap between the rollout engine's sampling log-probs and the learner's."""
+
+    mode: OffPolicyMode = OffPolicyMode.TIS
+    """none; tis: truncated importance sampling (weights capped at `cap`); mis: masked importance
+    sampling (tokens whose ratio exceeds `cap` are dropped from the loss)."""
+    cap: float = Field(2.0, ge=1.0, le=100.0)
+    """Upper bound on the learner/rollout probability ratio."""
+
+
+class LossAggregation(StrEnum):
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN = "seq-mean"
+
+
+class AlgorithmSpec(ApiModel):
+    """The RL algorithm and its loss."""
+
+    name: AlgorithmName = AlgorithmName.GRPO
+    """grpo (group-normalised outcome advantages), rloo (leave-one-out baseline) or ppo (value head)."""
+    group_size: int = Field(8, ge=1, le=1024)
+    """Trajectories sampled per task; advantages are baselined within a group."""
+    credit_assignment: CreditAssignment = Field(default_factory=CreditAssignment)
+    """How rewards are assigned to actions over many turns."""
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0)
+    """Weight of the KL penalty to the reference (initial) policy; 0 disables the reference model."""
+    clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0)
+    """Lower clip of the surrogate ratio: 1 - clipRatioLow."""
+    clip_ratio_high: float = Field(0.28, ge=0.0, le=10.0)
+    """Upper clip of the surrogate ratio: 1 + clipRatioHigh (clip-higher keeps exploration alive)."""
+    entropy_coef: float = Field(0.0, ge=0.0, le=1.0)
+    """Weight of the entropy bonus."""
+    value_coef: float = Field(0.5, ge=0.0, le=10.0)
+    """Weight of the value loss (ppo and gae only)."""
+    off_policy_correction: OffPolicyCorrection = Field(default_factory=OffPolicyCorrection)
+    """Importance-sampling correction from the rollout log-probs."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
+    """token-mean: average over all generated tokens of the batch; seq-mean: average per trajectory first."""
+
+
+# -------------------------------------------------------------------------------------- training
+class TrainingMode(StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class TrainingSpec(ApiModel):
+    """The optimisation loop."""
+
+    total_steps: int = Field(100, ge=1, le=10_000_000)
+    """Optimizer steps to run; reaching it completes the job."""
+    trajectories_per_step: int = Field(64, ge=1, le=1_000_000)
+    """Trajectories in one training batch; a multiple of algorithm.groupSize."""
+    mini_batches: int = Field(1, ge=1, le=1024)
+    """Optimizer updates per batch (the batch is split into this many parts)."""
+    learning_rate: float = Field(1e-6, gt=0.0, le=1.0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6)
+    """Gradient clipping norm."""
+    mode: TrainingMode = TrainingMode.SYNC
+    """sync: every batch comes from the current policy; async: generation keeps running during training."""
+    max_staleness: int = Field(1, ge=0, le=64)
+    """async only: the oldest policy version a trajectory may come from, in versions behind the learner."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed for sampling tasks, the learner and the rollout engines."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="trajectoriesPerStep",
+            cel="self.trajectoriesPerStep % self.miniBatches == 0",
+            message="trajectoriesPerStep must be a multiple of miniBatches",
+            holds=lambda t: t.trajectories_per_step % t.mini_batches == 0,
+            explain=lambda t: f"must be a multiple of miniBatches ({t.mini_batches}), got {t.trajectories_per_step}",
+        ),
+        CrossFieldRule(
+            field="maxStaleness",
+            cel="self.mode != 'async' || self.maxStaleness >= 1",
+            message="async mode needs maxStaleness >= 1 (0 means sync; use mode: sync)",
+            holds=lambda t: t.mode != TrainingMode.ASYNC or t.max_staleness >= 1,
+            explain=lambda t: "async mode needs maxStaleness >= 1; with 0 use mode: sync",
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------------- environment
+class TaskSplit(StrEnum):
+    TRAIN = "train"
+    TEST = "test"
+
+
+class TaskSource(ApiModel):
+    """Where the tasks come from."""
+
+    uri: StorageUri | None = None
+    """A JSONL task file (s3://, file:// or a local path); unset: the environment's built-in suite."""
+    split: TaskSplit = TaskSplit.TRAIN
+    """Split trained on."""
+    eval_split: TaskSplit = TaskSplit.TEST
+    """Held-out split used for evaluation."""
+
+
+class EnvironmentSpec(ApiModel):
+    """The agent's world: which environment, which tasks, and how long an episode may run."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128)] = "swe-toy"
+    """Registered environment name."""
+    tasks: TaskSource = Field(default_factory=TaskSource)
+    """Task source and split."""
+    max_turns: int = Field(16, ge=1, le=10_000)
+    """Tool calls an episode may make before it is cut off."""
+    max_tokens_per_trajectory: int = Field(8192, ge=16, le=1_048_576)
+    """Prompt, generated and observation tokens of one trajectory; at most model.maxContextTokens."""
+    turn_timeout: Duration = "60s"
+    """Wall-clock limit of one environment step (one tool call)."""
+    trajectory_timeout: Duration = "30m"
+    """Wall-clock limit of one whole episode."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="turnTimeout",
+            cel=None,  # Kubernetes CEL's duration() does not parse days ("7d")
+            message="turnTimeout must not exceed trajectoryTimeout",
+            holds=lambda e: parse_duration(e.turn_timeout) <= parse_duration(e.trajectory_timeout),
+            explain=lambda e: f"turnTimeout ({e.turn_timeout}) must not exceed trajectoryTimeout ({e.trajectory_timeout})",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------- reward
+REWARD_REF_PATTERN = r"^([A-Za-z0-9_.\-]+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+RewardRef = Annotated[str, Field(min_length=1, max_length=256, pattern=REWARD_REF_PATTERN)]
+
+
+class ProcessRewardSpec(ApiModel):
+    """A process reward that scores every turn (credit assignment `prm`)."""
+
+    enabled: bool = False
+    """Score every turn with the process reward and add it as an intermediate reward."""
+    function: RewardRef | None = None
+    """Registered name or module:function of a process reward function."""
+    model_uri: StorageUri | None = None
+    """A process reward model (Hugging Face folder) instead of a function."""
+    weight: float = Field(0.1, ge=0.0, le=100.0)
+    """Weight of a process reward relative to the outcome reward."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="function",
+            cel="!self.enabled || (has(self.function) != has(self.modelUri))",
+            message="an enabled process reward needs exactly one of function or modelUri",
+            holds=lambda p: not p.enabled or ((p.function is None) != (p.model_uri is None)),
+        ),
+    )
+
+
+class RewardSpec(ApiModel):
+    """How an episode is scored: the only code most users write."""
+
+    function: RewardRef = "swe-toy-tests"
+    """Reward function: a registered name or `module:function`."""
+    intermediate_rewards: bool = False
+    """Let the reward function return rewards after any step, not only at the end."""
+    process_reward: ProcessRewardSpec = Field(default_factory=ProcessRewardSpec)
+    """Optional per-turn process reward."""
+
+
+# -------------------------------------------------------------------------------- tiers, shared
+class ResourceRequirements(ApiModel):
+    """Kubernetes resource requests and limits of one pod of a tier (ignored by `kuberl run`)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Minimum resources, e.g. {cpu: 8, memory: 64Gi}."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Maximum resources; GPUs go here, e.g. {nvidia.com/gpu: 1}."""
+
+
+def _resources(requests: dict[str, int | str], limits: dict[str, int | str]) -> ResourceRequirements:
+    return ResourceRequirements(requests=requests, limits=limits)
+
+
+class FsdpSpec(ApiModel):
+    """FSDP2 options of the learner."""
+
+    cpu_offload: bool = False
+    """Keep parameters and optimizer state in CPU memory between uses."""
+    activation_checkpointing: bool = True
+    """Recompute activations in the backward pass; needed for long contexts."""
+    mixed_precision: bool = True
+    """bfloat16 compute with float32 master weights on GPU (ignored on CPU)."""
+
+
+class LearnerSpec(ApiModel):
+    """The learner tier: a StatefulSet of torchrun ranks training the policy with FSDP2."""
+
+    replicas: int = Field(1, ge=1, le=4096)
+    """Pods, one rank each: the data-parallel world size."""
+    image: Image = f"{DEFAULT_IMAGE_REGISTRY}/learner:0.1.0"
+    """Container image of the learner."""
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {"nvidia.com/gpu": 1})
+    )
+    """Resources of one learner pod."""
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+    """FSDP2 options."""
+
+
+class EngineSpec(ApiModel):
+    """vLLM engine options of a rollout server."""
+
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """GPUs one engine spans."""
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take (weights + KV cache)."""
+    max_num_seqs: int = Field(256, ge=1, le=65536)
+    """Sequences the engine batches at once."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prefixes (keyed by policy version, never across versions)."""
+    kv_offload: Quantity | None = None
+    """CPU memory for KV-cache offload (e.g. 64Gi); unset disables offload."""
+    max_model_len: int | None = Field(None, ge=256, le=1_048_576)
+    """Longest sequence the engine accepts; unset: model.maxContextTokens."""
+
+
+class RolloutSpec(ApiModel):
+    """The rollout tier: a StatefulSet of rollout servers, each owning one vLLM engine."""
+
+    replicas: int = Field(1, ge=1, le=4096)
+    """Rollout servers."""
+    image: Image = f"{DEFAULT_IMAGE_REGISTRY}/rollout:0.1.0"
+    """Container image of the rollout server."""
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {"nvidia.com/gpu": 1})
+    )
+    """Resources of one rollout pod."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """vLLM engine options."""
+    concurrent_sessions: int = Field(64, ge=1, le=100_000)
+    """Agent episodes one rollout server runs at once."""
+    partial_rollouts: bool = False
+    """Let in-flight trajectories continue on new weights (each token keeps its policy version); async only."""
+
+
+class EgressPolicy(StrEnum):
+    DENY = "deny"
+    ALLOW = "allow"
+
+
+class SandboxAutoscaler(StrEnum):
+    OPERATOR = "operator"
+    HPA = "hpa"
+
+
+class SandboxSessionSpec(ApiModel):
+    """Limits of one sandbox session (one agent episode's workspace)."""
+
+    cpu: Quantity = 1
+    """CPU one session's commands may use."""
+    memory: Quantity = "1Gi"
+    """Memory one session's commands may use."""
+    timeout: Duration = "30m"
+    """Idle or total lifetime of a session before the sandbox closes it."""
+
+
+class SandboxSpec(ApiModel):
+    """The sandbox tier: autoscaled pods serving isolated code-execution sessions."""
+
+    image: Image = f"{DEFAULT_IMAGE_REGISTRY}/sandbox-swe:0.1.0"
+    """Container image of the sandbox server (from env-images/)."""
+    min_replicas: int = Field(1, ge=0, le=10_000)
+    """Fewest sandbox pods."""
+    max_replicas: int = Field(8, ge=1, le=10_000)
+    """Most sandbox pods."""
+    sessions_per_pod: int = Field(32, ge=1, le=10_000)
+    """Concurrent sessions one pod serves."""
+    session: SandboxSessionSpec = Field(default_factory=SandboxSessionSpec)
+    """Per-session limits."""
+    resources: ResourceRequirements = Field(default_factory=lambda: _resources({"cpu": 4, "memory": "8Gi"}, {}))
+    """Resources of one sandbox pod."""
+    runtime_class_name: DnsLabel | None = None
+    """RuntimeClass for stronger isolation, e.g. gvisor or kata."""
+    egress: EgressPolicy = EgressPolicy.DENY
+    """Network egress of sandbox pods: deny (default) or allow."""
+    autoscaler: SandboxAutoscaler = SandboxAutoscaler.OPERATOR
+    """Who scales the sandbox Deployment: the operator, or an HPA on the same metric."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="maxReplicas",
+            cel="self.minReplicas <= self.maxReplicas",
+            message="maxReplicas must be >= minReplicas",
+            holds=lambda s: s.min_replicas <= s.max_replicas,
+            explain=lambda s: f"must be >= minReplicas ({s.min_replicas}), got {s.max_replicas}",
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------ checkpoint
+class CheckpointSpec(ApiModel):
+    """Where and how often the learner checkpoints."""
+
+    uri: StorageUri | None = None
+    """s3://bucket/prefix, file:///path or a local path; unset: runs/<job>/checkpoints for `kuberl run`
+    (the operator needs an s3:// URI)."""
+    interval_steps: int = Field(50, ge=1, le=1_000_000)
+    """Checkpoint every this many steps."""
+    interval_minutes: float = Field(30.0, gt=0.0, le=100_000.0)
+    """...and at least this often in wall-clock minutes."""
+    keep: int = Field(3, ge=1, le=1000)
+    """Complete checkpoints kept; older ones are deleted."""
+    async_save: bool = Field(True, alias="async")
+    """Write checkpoints in the background without stalling training."""
+    credentials_secret: DnsLabel | None = None
+    """Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3:// URIs."""
+    endpoint_url: Annotated[str, Field(max_length=2048, pattern=r"^https?://[^\s]+$")] | None = None
+    """Endpoint of an S3-compatible store (MinIO, SeaweedFS, ...)."""
+
+
+# ---------------------------------------------------------------------------------------- limits
+class LimitsSpec(ApiModel):
+    """Circuit breakers: a runaway job stops instead of burning compute."""
+
+    max_steps: int | None = Field(None, ge=1, le=10_000_000)
+    """Hard stop after this many steps (at least training.totalSteps); unset: training.totalSteps."""
+    max_wall_clock: Duration = "72h"
+    """Hard stop after this much running time (suspended time does not count)."""
+    max_gpu_hours: float | None = Field(None, gt=0.0)
+    """Hard stop once all tiers together used this many GPU-hours; unset: no budget."""
+    stop_on_non_finite_loss: bool = True
+    """Stop when non-finite losses persist (each one skips its step first)."""
+    max_non_finite_steps: int = Field(3, ge=1, le=1000)
+    """Consecutive skipped non-finite steps that trip the breaker."""
+    no_progress_timeout: Duration = "30m"
+    """Stop when no training step completes for this long."""
+    max_mismatch_kl: float | None = Field(None, gt=0.0)
+    """Stop when the KL between rollout and learner log-probs exceeds this; unset: no limit."""
+    retry_budget: int = Field(5, ge=0, le=1000)
+    """Learner gang restarts allowed before the job fails (spot preemptions do not count)."""
+
+
+# ------------------------------------------------------------------------------------ scheduling
+class Capacity(StrEnum):
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    PREFER_SPOT = "prefer-spot"
+
+
+class SpotPolicy(ApiModel):
+    """Per tier: run on spot, on on-demand, or prefer spot with on-demand fallback."""
+
+    learner: Capacity = Capacity.ON_DEMAND
+    """Capacity type of learner pods."""
+    rollout: Capacity = Capacity.ON_DEMAND
+    """Capacity type of rollout pods."""
+    sandbox: Capacity = Capacity.ON_DEMAND
+    """Capacity type of sandbox pods."""
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration."""
+
+    key: Annotated[str, Field(max_length=316)] | None = None
+    """Taint key; empty with operator Exists matches all taints."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal."""
+    value: Annotated[str, Field(max_length=63)] | None = None
+    """Taint value for operator Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all."""
+    toleration_seconds: int | None = Field(None, ge=0)
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class TierPlacement(ApiModel):
+    """Node placement of one tier's pods."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
+    """Node labels the pods require."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    """Taints the pods tolerate."""
+
+
+class SchedulingSpec(ApiModel):
+    """Placement, priority, spot capacity and queueing."""
+
+    spot: SpotPolicy = Field(default_factory=SpotPolicy)
+    """Spot capacity per tier."""
+    learner: TierPlacement = Field(default_factory=TierPlacement)
+    """Placement of learner pods."""
+    rollout: TierPlacement = Field(default_factory=TierPlacement)
+    """Placement of rollout pods."""
+    sandbox: TierPlacement = Field(default_factory=TierPlacement)
+    """Placement of sandbox pods."""
+    priority_class_name: DnsLabel | None = None
+    """PriorityClass of all pods of the job."""
+    queue_name: DnsLabel | None = None
+    """Kueue LocalQueue; set, the job starts suspended until Kueue admits it."""
+
+
+# ------------------------------------------------------------------------------------------ spec
+class RLJobSpec(ApiModel):
+    """Desired state of an RLJob."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """The policy to train."""
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    """The RL algorithm and its loss."""
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """The optimisation loop."""
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    """Environment, tasks and episode limits."""
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    """Reward function and process rewards."""
+    learner: LearnerSpec = Field(default_factory=LearnerSpec)
+    """The learner tier."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """The rollout tier."""
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    """The sandbox tier."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpoint storage and cadence."""
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    """Circuit breakers."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Placement, spot policy and queueing."""
+    suspend: bool = False
+    """Checkpoint and scale every tier to zero; set back to false to resume from that checkpoint."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="training.trajectoriesPerStep",
+            cel="self.training.trajectoriesPerStep % self.algorithm.groupSize == 0",
+            message="training.trajectoriesPerStep must be a multiple of algorithm.groupSize",
+            holds=lambda s: s.training.trajectories_per_step % s.algorithm.group_size == 0,
+            explain=lambda s: (
+                f"must be a multiple of algorithm.groupSize ({s.algorithm.group_size}), "
+                f"got {s.training.trajectories_per_step}"
+            ),
+        ),
+        CrossFieldRule(
+            field="environment.maxTokensPerTrajectory",
+            cel="self.environment.maxTokensPerTrajectory <= self.model.maxContextTokens",
+            message="environment.maxTokensPerTrajectory must not exceed model.maxContextTokens",
+            holds=lambda s: s.environment.max_tokens_per_trajectory <= s.model.max_context_tokens,
+            explain=lambda s: (
+                f"must not exceed model.maxContextTokens ({s.model.max_context_tokens}), "
+                f"got {s.environment.max_tokens_per_trajectory}"
+            ),
+        ),
+        CrossFieldRule(
+            field="rollout.engine.maxModelLen",
+            cel="!has(self.rollout.engine.maxModelLen) || self.rollout.engine.maxModelLen <= self.model.maxContextTokens",
+            message="rollout.engine.maxModelLen must not exceed model.maxContextTokens",
+            holds=lambda s: s.rollout.engine.max_model_len is None
+            or s.rollout.engine.max_model_len <= s.model.max_context_tokens,
+            explain=lambda s: (
+                f"must not exceed model.maxContextTokens ({s.model.max_context_tokens}), "
+                f"got {s.rollout.engine.max_model_len}"
+            ),
+        ),
+        CrossFieldRule(
+            field="algorithm.creditAssignment.mode",
+            cel="self.algorithm.creditAssignment.mode != 'gae' || self.algorithm.name == 'ppo'",
+            message="creditAssignment gae needs algorithm.name ppo (it uses the value head)",
+            holds=lambda s: s.algorithm.credit_assignment.mode != CreditAssignmentMode.GAE
+            or s.algorithm.name == AlgorithmName.PPO,
+            explain=lambda s: f"gae needs algorithm.name ppo (it uses the value head), got {s.algorithm.name}",
+        ),
+        CrossFieldRule(
+            field="algorithm.creditAssignment.mode",
+            cel="self.algorithm.creditAssignment.mode != 'prm' || self.reward.processReward.enabled",
+            message="creditAssignment prm needs reward.processReward.enabled: true",
+            holds=lambda s: s.algorithm.credit_assignment.mode != CreditAssignmentMode.PRM
+            or s.reward.process_reward.enabled,
+            explain=lambda s: "prm needs reward.processReward.enabled: true with a function or modelUri",
+        ),
+        CrossFieldRule(
+            field="algorithm.groupSize",
+            cel="self.algorithm.name == 'ppo' || self.algorithm.groupSize >= 2",
+            message="grpo and rloo baseline within a group: algorithm.groupSize must be >= 2",
+            holds=lambda s: s.algorithm.name == AlgorithmName.PPO or s.algorithm.group_size >= 2,
+            explain=lambda s: f"{s.algorithm.name} baselines within a group: must be >= 2, got {s.algorithm.group_size}",
+        ),
+        CrossFieldRule(
+            field="rollout.partialRollouts",
+            cel="!self.rollout.partialRollouts || self.training.mode == 'async'",
+            message="partialRollouts needs training.mode async",
+            holds=lambda s: not s.rollout.partial_rollouts or s.training.mode == TrainingMode.ASYNC,
+            explain=lambda s: "partial rollouts mix policy versions in a trajectory: needs training.mode async",
+        ),
+        CrossFieldRule(
+            field="limits.maxSteps",
+            cel="!has(self.limits.maxSteps) || self.limits.maxSteps >= self.training.totalSteps",
+            message="limits.maxSteps must be >= training.totalSteps or the job could never complete",
+            holds=lambda s: s.limits.max_steps is None or s.limits.max_steps >= s.training.total_steps,
+            explain=lambda s: (
+                f"must be >= training.totalSteps ({s.training.total_steps}) or the job could never "
+                f"complete, got {s.limits.max_steps}"
+            ),
+        ),
+    )

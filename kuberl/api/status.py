@@ -1,0 +1,126 @@
+"""The RLJob status: what the operator (or `kuberl run`) observed. Written by KubeRL, read by users."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from kuberl.api.base import ApiModel
+from kuberl.api.spec import StrEnum
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    INITIALIZING = "Initializing"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED})
+
+
+class Reason(StrEnum):
+    """Why the job is in its phase. Breaker reasons name the breaker that tripped."""
+
+    CREATED = "Created"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    CREATING_WORKERS = "CreatingWorkers"
+    TRAINING = "Training"
+    WORKER_LOST = "WorkerLost"
+    PREEMPTED = "Preempted"
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    COMPLETED = "Completed"
+    MAX_STEPS_REACHED = "MaxStepsReached"
+    MAX_WALL_CLOCK_REACHED = "MaxWallClockReached"
+    GPU_HOUR_BUDGET_EXHAUSTED = "GpuHourBudgetExhausted"
+    NON_FINITE_LOSS = "NonFiniteLoss"
+    NO_PROGRESS = "NoProgress"
+    MISMATCH_KL_EXCEEDED = "MismatchKlExceeded"
+    RETRY_BUDGET_EXHAUSTED = "RetryBudgetExhausted"
+    INVALID_SPEC = "InvalidSpec"
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition (Ready, Progressing, Suspended, ...)."""
+
+    type: str = Field(min_length=1, max_length=316)
+    """Condition type, e.g. Ready or Progressing."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = Field("", max_length=1024)
+    """One CamelCase word saying why."""
+    message: str = Field("", max_length=32768)
+    """Human-readable detail."""
+    last_transition_time: datetime | None = None
+    """When the status last changed."""
+    observed_generation: int | None = Field(None, ge=0)
+    """The spec generation the condition was computed from."""
+
+
+class CheckpointRef(ApiModel):
+    """The newest complete checkpoint: the one a restart resumes from."""
+
+    step: int = Field(ge=0)
+    """Training step the checkpoint holds."""
+    uri: str = Field(max_length=2048)
+    """Where it is stored."""
+    time: datetime | None = None
+    """When its manifest was written."""
+
+
+class PerTier(ApiModel):
+    """A count for each tier."""
+
+    learner: int = Field(0, ge=0)
+    """Learner tier."""
+    rollout: int = Field(0, ge=0)
+    """Rollout tier."""
+    sandbox: int = Field(0, ge=0)
+    """Sandbox tier."""
+
+
+class RLJobStatus(ApiModel):
+    """Observed state of an RLJob."""
+
+    phase: Phase = Phase.PENDING
+    """Pending, Initializing, Running, Recovering, Suspended, Succeeded, Failed or Stopped."""
+    reason: Reason | None = None
+    """Typed reason for the phase, e.g. MaxWallClockReached."""
+    message: str | None = Field(None, max_length=32768)
+    """Human-readable detail of the reason."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """Conditions, one per type."""
+    observed_generation: int | None = Field(None, ge=0)
+    """The spec generation this status describes."""
+    start_time: datetime | None = None
+    """When the job first started running."""
+    completion_time: datetime | None = None
+    """When the job reached a terminal phase."""
+    step: int = Field(0, ge=0)
+    """Training steps completed."""
+    policy_version: int = Field(0, ge=0)
+    """Version of the newest published policy weights."""
+    last_checkpoint: CheckpointRef | None = None
+    """The newest complete checkpoint."""
+    restarts: PerTier = Field(default_factory=PerTier)
+    """Worker restarts per tier (failures, not preemptions)."""
+    preemptions: int = Field(0, ge=0)
+    """Spot preemptions survived; never spends the retry budget."""
+    ready_workers: PerTier = Field(default_factory=PerTier)
+    """Ready pods per tier."""
+    reward_mean: float | None = None
+    """Mean trajectory reward of the last step."""
+    tokens_per_second: float | None = Field(None, ge=0.0)
+    """Generated tokens per second across the rollout tier."""
+    staleness: float | None = Field(None, ge=0.0)
+    """Mean policy-version lag of the trajectories in the last batch."""

@@ -1,0 +1,56 @@
+"""The `kuberl` command line: one front door for every tier."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kuberl import __version__
+from kuberl.crd import rljob_crd_yaml
+from kuberl.validation import validate_files
+
+EXIT_INVALID = 2
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="kuberl", message="%(prog)s %(version)s")
+def main() -> None:
+    """KubeRL: agentic reinforcement learning of LLMs on Kubernetes."""
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.option("-q", "--quiet", is_flag=True, help="Print problems only, nothing for valid documents.")
+def validate(files: tuple[str, ...], quiet: bool) -> None:
+    """Check RLJob manifests (YAML, one or many documents per file; '-' reads stdin).
+
+    Exits 0 when every document is valid, 2 with one line per problem otherwise.
+    """
+    results = validate_files(files)
+    for result in results:
+        if result.ok and not quiet:
+            assert result.job is not None
+            click.echo(f"{result.source}: RLJob {result.job.name!r} is valid")
+        for problem in result.problems:
+            click.echo(str(problem), err=True)
+    if any(not r.ok for r in results):
+        bad = sum(not r.ok for r in results)
+        click.echo(f"{bad} of {len(results)} document(s) invalid", err=True)
+        sys.exit(EXIT_INVALID)
+
+
+@main.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to a file instead of stdout.")
+def crds(output: str | None) -> None:
+    """Print the RLJob CustomResourceDefinition generated from the API models."""
+    text = rljob_crd_yaml()
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        click.echo(text, nl=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Read RLJob manifests from YAML and turn every problem into one line naming the document and field.
+
+Used by `kuberl validate`, `kuberl run` and the operator, so a bad manifest reads the same everywhere.
+Nothing here raises for bad input: problems are returned.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kuberl.api.base import CROSS_FIELD_ERROR
+from kuberl.api.rljob import RLJob
+from kuberl.api.spec import API_VERSION, KIND, REWARD_REF_PATTERN
+from kuberl.api.types import DNS_LABEL_PATTERN, IMAGE_PATTERN
+
+STDIN = "-"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a manifest: where (`source`, field `path`) and what is expected."""
+
+    source: str
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.path}: {self.message}" if self.path else f"{self.source}: {self.message}"
+
+
+@dataclass
+class DocumentResult:
+    """The outcome for one YAML document: the parsed job, or the problems that stop it."""
+
+    source: str
+    job: RLJob | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.job is not None and not self.problems
+
+
+def read_documents(path: str) -> tuple[list[tuple[str, Any]], list[Problem]]:
+    """The YAML documents of a file (or stdin for '-') as (source label, data), or file-level problems."""
+    label = "<stdin>" if path == STDIN else path
+    try:
+        text = sys.stdin.read() if path == STDIN else Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return [], [Problem(label, "", "file not found")]
+    except IsADirectoryError:
+        return [], [Problem(label, "", "is a directory; give the YAML files inside it")]
+    except PermissionError:
+        return [], [Problem(label, "", "permission denied")]
+    except UnicodeDecodeError as err:
+        return [], [Problem(label, "", f"not UTF-8 text (byte {err.start}); is this a YAML file?")]
+    try:
+        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        return [], [Problem(label, "", f"not valid YAML: {where}{what}")]
+    if not docs:
+        return [], [Problem(label, "", "no YAML documents in the file")]
+    many = len(docs) > 1
+    return [(f"{label}#{i + 1}" if many else label, doc) for i, doc in enumerate(docs)], []
+
+
+def validate_document(data: Any, source: str) -> DocumentResult:
+    """Validate one parsed YAML document as an RLJob."""
+    result = DocumentResult(source)
+    if not isinstance(data, dict):
+        result.problems.append(
+            Problem(source, "", f"expected a mapping (an RLJob manifest), got {_kind_of(data)}")
+        )
+        return result
+    header = _header_problems(data, source)
+    if header:
+        result.problems.extend(header)
+        return result
+    try:
+        result.job = RLJob.model_validate(data)
+    except ValidationError as err:
+        result.problems.extend(problems_from_validation_error(err, source))
+    return result
+
+
+def validate_files(paths: Iterable[str]) -> list[DocumentResult]:
+    """Validate every document of every file; file-level problems become results without a job."""
+    results: list[DocumentResult] = []
+    for path in paths:
+        docs, problems = read_documents(path)
+        if problems:
+            results.append(DocumentResult(problems[0].source, problems=problems))
+        results.extend(validate_document(doc, source) for source, doc in docs)
+    return results
+
+
+def load_rljob(path: str) -> RLJob:
+    """The single RLJob in `path`; raises ManifestError listing every problem."""
+    results = validate_files([path])
+    problems = [p for r in results for p in r.problems]
+    if problems:
+        raise ManifestError(problems)
+    if len(results) != 1:
+        raise ManifestError([Problem(path, "", f"expected one RLJob document, found {len(results)}")])
+    assert results[0].job is not None
+    return results[0].job
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be used; str() is one line per problem."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+# ------------------------------------------------------------------------------------- internals
+def _header_problems(data: dict[str, Any], source: str) -> list[Problem]:
+    """apiVersion and kind are checked first: a Deployment should not get thirty unknown-field errors."""
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    problems = []
+    if kind != KIND:
+        got = "missing" if kind is None else f"got {kind!r}"
+        hint = "" if kind is None else f"; this is not an {KIND} manifest"
+        problems.append(Problem(source, "kind", f"expected {KIND!r}, {got}{hint}"))
+    if api_version != API_VERSION:
+        got = "missing" if api_version is None else f"got {api_version!r}"
+        problems.append(Problem(source, "apiVersion", f"expected {API_VERSION!r}, {got}"))
+    return problems
+
+
+def problems_from_validation_error(err: ValidationError, source: str) -> list[Problem]:
+    """One Problem per pydantic error, with camelCase field paths and plain-language messages."""
+    problems: list[Problem] = []
+    for error in err.errors(include_url=False):
+        loc = _clean_loc(error["loc"])
+        if error["type"] == CROSS_FIELD_ERROR:
+            for sub_path, text in error["ctx"]["problems"]:
+                problems.append(Problem(source, _join(loc + tuple(sub_path.split("."))), text))
+            continue
+        problems.append(Problem(source, _join(loc), _message(error, loc)))
+    return problems
+
+
+def _clean_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # Union and validator-wrapper steps ("int", "function-before[...]") are pydantic internals.
+    return tuple(
+        part for part in loc if isinstance(part, int) or not (part in _UNION_TAGS or "[" in part)
+    )
+
+
+_UNION_TAGS = {"int", "str", "float", "bool", "none", "list", "dict"}
+
+
+def _join(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "." in part or "/" in part:
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _message(error: dict[str, Any], loc: tuple[int | str, ...]) -> str:
+    kind, value = error["type"], error.get("input")
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return _unknown_field(loc)
+    text = error["msg"]
+    ctx = error.get("ctx") or {}
+    if kind in _BOUNDS:
+        return f"must be {_BOUNDS[kind]} {ctx[_BOUNDS_KEY[kind]]}, got {_show(value)}"
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_MEANING:
+        return f"{_PATTERN_MEANING[ctx['pattern']]}, got {_show(value)}"
+    if kind == "value_error":
+        return text.removeprefix("Value error, ")
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping, got {_kind_of(value)}"
+    text = text.replace("Input should be", "expected").replace("String should", "expected a string to")
+    text = text.replace("List should", "expected a list to").replace("Dictionary should", "expected a mapping to")
+    text = text.split(", unable to parse")[0]
+    return f"{text}, got {_show(value)}"
+
+
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+_BOUNDS_KEY = {"greater_than_equal": "ge", "greater_than": "gt", "less_than_equal": "le", "less_than": "lt"}
+_PATTERN_MEANING = {
+    DNS_LABEL_PATTERN: "must be lowercase letters, digits and '-', starting and ending with a letter or digit",
+    IMAGE_PATTERN: "must be a container image reference without spaces",
+    REWARD_REF_PATTERN: "must be a registered reward name or module:function",
+}
+
+
+def _unknown_field(loc: tuple[int | str, ...]) -> str:
+    name = str(loc[-1]) if loc else "?"
+    known = _known_fields(loc[:-1])
+    if not known:
+        return f"unknown field {name!r}"
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else "expected one of: " + ", ".join(sorted(known))
+    return f"unknown field {name!r}; {hint}"
+
+
+def _known_fields(loc: tuple[int | str, ...]) -> list[str]:
+    """The camelCase field names of the model at `loc` in an RLJob, if `loc` names a model."""
+    cls: Any = RLJob
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {(f.alias or n): f for n, f in cls.model_fields.items()}
+        if part not in fields:
+            return []
+        cls = next((a for a in _leaves(fields[part].annotation) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if cls is None:
+            return []
+    return [f.alias or n for n, f in cls.model_fields.items()]
+
+
+def _leaves(annotation: Any) -> list[Any]:
+    args = typing.get_args(annotation)
+    return [leaf for arg in args for leaf in _leaves(arg)] if args else [annotation]
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    return f"{type(value).__name__} {_show(value)}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return _kind_of(value)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

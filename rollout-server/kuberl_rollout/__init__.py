@@ -1,0 +1,1 @@
+"""The rollout server: a vLLM engine, the multi-turn agent loop and token-in/token-out trajectories."""

@@ -1,0 +1,35 @@
+"""Shared fixtures: where the repository is, and a valid RLJob manifest to break in tests."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+sys.path.insert(0, str(REPO / "tests"))  # for `helpers`
+
+BASE_MANIFEST: dict[str, Any] = {
+    "apiVersion": "kuberl.io/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "unit"},
+    "spec": {"model": {"uri": "s3://models/tiny"}},
+}
+
+
+@pytest.fixture
+def manifest() -> dict[str, Any]:
+    """A fresh, valid, minimal RLJob manifest."""
+    return copy.deepcopy(BASE_MANIFEST)
+
+
+def with_spec(**sections: dict[str, Any]) -> dict[str, Any]:
+    """The base manifest with spec sections merged in (one level deep)."""
+    doc = copy.deepcopy(BASE_MANIFEST)
+    for name, value in sections.items():
+        doc["spec"].setdefault(name, {}).update(value)
+    return doc

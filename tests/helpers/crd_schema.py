@@ -1,0 +1,51 @@
+"""What the API server does with a CRD schema that the tests need without one: apply the schema's
+defaults, and evaluate its CEL `x-kubernetes-validations` (with cel-python) on the defaulted object."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import celpy
+
+_ENV = celpy.Environment()
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """A copy of `value` with every missing property that has a schema default filled in, recursively."""
+    value = copy.deepcopy(value)
+    _default_in_place(schema, value)
+    return value
+
+
+def _default_in_place(schema: dict[str, Any], value: Any) -> None:
+    if isinstance(value, dict):
+        for prop, sub in schema.get("properties", {}).items():
+            if prop not in value and "default" in sub:
+                value[prop] = copy.deepcopy(sub["default"])
+            if prop in value:
+                _default_in_place(sub, value[prop])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in value:
+                _default_in_place(extra, value[key])
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            _default_in_place(schema["items"], item)
+
+
+def cel_violations(schema: dict[str, Any], value: Any, path: str = "") -> list[tuple[str, str]]:
+    """(field path, message) for every CEL rule in `schema` that `value` breaks."""
+    found: list[tuple[str, str]] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        program = _ENV.program(_ENV.compile(rule["rule"]))
+        if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+            found.append((path + rule.get("fieldPath", ""), rule["message"]))
+    if isinstance(value, dict):
+        for prop, sub in schema.get("properties", {}).items():
+            if prop in value:
+                found += cel_violations(sub, value[prop], f"{path}.{prop}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            found += cel_violations(schema["items"], item, f"{path}[{i}]")
+    return found

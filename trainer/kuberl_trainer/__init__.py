@@ -1,0 +1,1 @@
+"""The learner: FSDP2 training under torchrun, RL losses and credit assignment, asynchronous checkpoints."""
