@@ -51,8 +51,9 @@ lint: install ## Lint with ruff
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-crds: install ## Regenerate crds/rljob.yaml from the API models
+crds: install ## Regenerate crds/rljob.yaml and docs/rljob.md from the API models
 	$(VENV)/bin/kuberl crds --output crds/rljob.yaml
+	$(VENV)/bin/kuberl crds --reference --output docs/rljob.md
 
 bench: install ## Run the benchmarks; results as JSON under runs/bench/
 	$(PY) benchmarks/run.py

@@ -8,6 +8,7 @@ import click
 
 from kuberl import __version__
 from kuberl.crd import rljob_crd_yaml
+from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
 
 EXIT_INVALID = 2
@@ -41,10 +42,13 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
 
 @main.command()
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to a file instead of stdout.")
-def crds(output: str | None) -> None:
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to a file instead of stdout."
+)
+@click.option("--reference", is_flag=True, help="The Markdown field reference (docs/rljob.md) instead of the CRD.")
+def crds(output: str | None, reference: bool) -> None:
     """Print the RLJob CustomResourceDefinition generated from the API models."""
-    text = rljob_crd_yaml()
+    text = reference_markdown() if reference else rljob_crd_yaml()
     if output:
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)

@@ -104,9 +104,7 @@ class _Converter:
             elif key == "items":
                 out[key] = self._node(value)
             elif key == "properties":
-                out[key] = {
-                    prop: self._property(sub, model_name, prop) for prop, sub in value.items()
-                }
+                out[key] = {prop: self._property(sub, model_name, prop) for prop, sub in value.items()}
             else:
                 out[key] = value
         if "properties" in out or "additionalProperties" in out:
@@ -116,7 +114,12 @@ class _Converter:
     def _property(self, sub: dict[str, Any], model_name: str | None, prop: str) -> dict[str, Any]:
         converted = self._node(sub)
         cls = self.classes.get(model_name or "")
-        if cls is not None and "default" not in converted and converted.get("type") == "object" and "properties" in converted:
+        if (
+            cls is not None
+            and "default" not in converted
+            and converted.get("type") == "object"
+            and "properties" in converted
+        ):
             default = _factory_default(cls, prop)
             if default is not None:
                 converted = _ordered({**converted, "default": default})

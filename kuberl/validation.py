@@ -80,16 +80,14 @@ def validate_document(data: Any, source: str) -> DocumentResult:
     """Validate one parsed YAML document as an RLJob."""
     result = DocumentResult(source)
     if not isinstance(data, dict):
-        result.problems.append(
-            Problem(source, "", f"expected a mapping (an RLJob manifest), got {_kind_of(data)}")
-        )
+        result.problems.append(Problem(source, "", f"expected a mapping (an RLJob manifest), got {_kind_of(data)}"))
         return result
     header = _header_problems(data, source)
     if header:
         result.problems.extend(header)
         return result
     try:
-        result.job = RLJob.model_validate(data)
+        result.job = RLJob.from_manifest(data)
     except ValidationError as err:
         result.problems.extend(problems_from_validation_error(err, source))
     return result
@@ -156,9 +154,7 @@ def problems_from_validation_error(err: ValidationError, source: str) -> list[Pr
 
 def _clean_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     # Union and validator-wrapper steps ("int", "function-before[...]") are pydantic internals.
-    return tuple(
-        part for part in loc if isinstance(part, int) or not (part in _UNION_TAGS or "[" in part)
-    )
+    return tuple(part for part in loc if isinstance(part, int) or not (part in _UNION_TAGS or "[" in part))
 
 
 _UNION_TAGS = {"int", "str", "float", "bool", "none", "list", "dict"}
@@ -226,7 +222,9 @@ def _known_fields(loc: tuple[int | str, ...]) -> list[str]:
         fields = {(f.alias or n): f for n, f in cls.model_fields.items()}
         if part not in fields:
             return []
-        cls = next((a for a in _leaves(fields[part].annotation) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        cls = next(
+            (a for a in _leaves(fields[part].annotation) if isinstance(a, type) and issubclass(a, BaseModel)), None
+        )
         if cls is None:
             return []
     return [f.alias or n for n, f in cls.model_fields.items()]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -44,6 +45,12 @@ class RLJob(ApiModel):
     """Desired state."""
     status: RLJobStatus | None = None
     """Observed state, written by KubeRL."""
+
+    @classmethod
+    def from_manifest(cls, data: dict[str, Any]) -> RLJob:
+        """Validate a parsed manifest with JSON typing, as the API server does: '5' is not an integer
+        and `true` is not a number (pydantic's lax Python mode would coerce both)."""
+        return cls.model_validate_json(json.dumps(data, default=str), strict=True)
 
     @property
     def name(self) -> str:

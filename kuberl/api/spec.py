@@ -6,7 +6,7 @@ Field names are snake_case here and camelCase in manifests.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -17,11 +17,6 @@ from kuberl.api.types import DnsLabel, Duration, Image, Quantity, StorageUri, pa
 API_VERSION = "kuberl.io/v1alpha1"
 KIND = "RLJob"
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kuberl"
-
-
-class StrEnum(str, Enum):
-    def __str__(self) -> str:
-        return self.value
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -208,7 +203,9 @@ class EnvironmentSpec(ApiModel):
             cel=None,  # Kubernetes CEL's duration() does not parse days ("7d")
             message="turnTimeout must not exceed trajectoryTimeout",
             holds=lambda e: parse_duration(e.turn_timeout) <= parse_duration(e.trajectory_timeout),
-            explain=lambda e: f"turnTimeout ({e.turn_timeout}) must not exceed trajectoryTimeout ({e.trajectory_timeout})",
+            explain=lambda e: (
+                f"turnTimeout ({e.turn_timeout}) must not exceed trajectoryTimeout ({e.trajectory_timeout})"
+            ),
         ),
     )
 
@@ -535,10 +532,14 @@ class RLJobSpec(ApiModel):
         ),
         CrossFieldRule(
             field="rollout.engine.maxModelLen",
-            cel="!has(self.rollout.engine.maxModelLen) || self.rollout.engine.maxModelLen <= self.model.maxContextTokens",
+            cel=(
+                "!has(self.rollout.engine.maxModelLen)"
+                " || self.rollout.engine.maxModelLen <= self.model.maxContextTokens"
+            ),
             message="rollout.engine.maxModelLen must not exceed model.maxContextTokens",
-            holds=lambda s: s.rollout.engine.max_model_len is None
-            or s.rollout.engine.max_model_len <= s.model.max_context_tokens,
+            holds=lambda s: (
+                s.rollout.engine.max_model_len is None or s.rollout.engine.max_model_len <= s.model.max_context_tokens
+            ),
             explain=lambda s: (
                 f"must not exceed model.maxContextTokens ({s.model.max_context_tokens}), "
                 f"got {s.rollout.engine.max_model_len}"
@@ -548,16 +549,18 @@ class RLJobSpec(ApiModel):
             field="algorithm.creditAssignment.mode",
             cel="self.algorithm.creditAssignment.mode != 'gae' || self.algorithm.name == 'ppo'",
             message="creditAssignment gae needs algorithm.name ppo (it uses the value head)",
-            holds=lambda s: s.algorithm.credit_assignment.mode != CreditAssignmentMode.GAE
-            or s.algorithm.name == AlgorithmName.PPO,
+            holds=lambda s: (
+                s.algorithm.credit_assignment.mode != CreditAssignmentMode.GAE or s.algorithm.name == AlgorithmName.PPO
+            ),
             explain=lambda s: f"gae needs algorithm.name ppo (it uses the value head), got {s.algorithm.name}",
         ),
         CrossFieldRule(
             field="algorithm.creditAssignment.mode",
             cel="self.algorithm.creditAssignment.mode != 'prm' || self.reward.processReward.enabled",
             message="creditAssignment prm needs reward.processReward.enabled: true",
-            holds=lambda s: s.algorithm.credit_assignment.mode != CreditAssignmentMode.PRM
-            or s.reward.process_reward.enabled,
+            holds=lambda s: (
+                s.algorithm.credit_assignment.mode != CreditAssignmentMode.PRM or s.reward.process_reward.enabled
+            ),
             explain=lambda s: "prm needs reward.processReward.enabled: true with a function or modelUri",
         ),
         CrossFieldRule(
@@ -565,7 +568,9 @@ class RLJobSpec(ApiModel):
             cel="self.algorithm.name == 'ppo' || self.algorithm.groupSize >= 2",
             message="grpo and rloo baseline within a group: algorithm.groupSize must be >= 2",
             holds=lambda s: s.algorithm.name == AlgorithmName.PPO or s.algorithm.group_size >= 2,
-            explain=lambda s: f"{s.algorithm.name} baselines within a group: must be >= 2, got {s.algorithm.group_size}",
+            explain=lambda s: (
+                f"{s.algorithm.name} baselines within a group: must be >= 2, got {s.algorithm.group_size}"
+            ),
         ),
         CrossFieldRule(
             field="rollout.partialRollouts",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
 from kuberl.api.base import ApiModel
-from kuberl.api.spec import StrEnum
 
 
 class Phase(StrEnum):

@@ -6,12 +6,12 @@ way, so what the learner scores is exactly what the engine sampled.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Self
 
 from pydantic import Field, model_validator
 
 from kuberl.api.base import ApiModel
-from kuberl.api.spec import StrEnum
 
 NOT_GENERATED = -1
 """Policy version recorded for prompt and observation tokens."""

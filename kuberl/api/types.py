@@ -20,9 +20,7 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 def parse_duration(text: str) -> float:
     """Seconds in a duration string such as '36h' or '1h30m'; ValueError names the expected form."""
     if not isinstance(text, str) or not re.fullmatch(DURATION_PATTERN, text):
-        raise ValueError(
-            f"expected a duration such as '90s', '30m', '36h', '1h30m' or '7d', got {text!r}"
-        )
+        raise ValueError(f"expected a duration such as '90s', '30m', '36h', '1h30m' or '7d', got {text!r}")
     return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
 
 
@@ -39,7 +37,9 @@ Duration = Annotated[
 ]
 
 # The pattern Kubernetes itself publishes for resource.Quantity.
-QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 
 def _check_quantity(value: object) -> int | str:

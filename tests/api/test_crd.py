@@ -105,3 +105,12 @@ def test_crd_rejects_wrong_types_and_ranges_like_pydantic():
     errors = sorted(e.message for e in jsonschema.Draft4Validator(openapi()).iter_errors(bad))
     assert any("0 is less than the minimum of 1" in e for e in errors), errors
     assert any("less than or equal to the minimum of 0" in e for e in errors), errors
+
+
+def test_field_reference_is_generated_from_the_models():
+    from kuberl.reference import reference_markdown
+
+    reference = (REPO / "docs" / "rljob.md").read_text()
+    assert reference == reference_markdown(), "docs/rljob.md is stale: run `make crds`"
+    for path in ("spec.sandbox.maxReplicas", "spec.limits.maxWallClock", "spec.checkpoint.async"):
+        assert f"| `{path}` |" in reference

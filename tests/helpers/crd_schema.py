@@ -12,9 +12,21 @@ _ENV = celpy.Environment()
 
 
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
-    """A copy of `value` with every missing property that has a schema default filled in, recursively."""
-    value = copy.deepcopy(value)
+    """A copy of `value` as the API server stores it: null fields of non-nullable properties pruned,
+    then every missing property that has a schema default filled in, recursively."""
+    value = _without_nulls(schema, copy.deepcopy(value))
     _default_in_place(schema, value)
+    return value
+
+
+def _without_nulls(schema: dict[str, Any], value: Any) -> Any:
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        return {
+            k: _without_nulls(props.get(k, {}), v)
+            for k, v in value.items()
+            if v is not None or props.get(k, {}).get("nullable")
+        }
     return value
 
 

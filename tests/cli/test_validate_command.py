@@ -1,0 +1,145 @@
+"""`kuberl validate`: exit 0 and one line per valid document; exit 2 and one line per problem naming the
+document and field; never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import BASE_MANIFEST, EXAMPLES, REPO
+
+KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
+
+
+def kuberl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KUBERL, *args], capture_output=True, text=True, input=stdin, timeout=60)
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def manifest_with(**spec) -> str:
+    return yaml.safe_dump({**BASE_MANIFEST, "spec": {**BASE_MANIFEST["spec"], **spec}})
+
+
+def test_every_example_is_valid():
+    result = kuberl("validate", *map(str, EXAMPLES))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("is valid") == len(EXAMPLES) >= 3
+
+
+def test_version():
+    result = kuberl("--version")
+    assert result.returncode == 0 and result.stdout.startswith("kuberl 0.")
+
+
+# (case, file content or None for a missing file, expected line fragments)
+BAD = [
+    ("missing-file", None, ["file not found"]),
+    ("not-yaml", "spec: [unclosed\n", ["not valid YAML: line 2"]),
+    ("empty", "# nothing\n", ["no YAML documents"]),
+    ("not-a-mapping", "- a\n- b\n", ["expected a mapping (an RLJob manifest), got a list"]),
+    (
+        "wrong-kind",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n",
+        ["kind: expected 'RLJob', got 'Deployment'", "apiVersion: expected 'kuberl.io/v1alpha1', got 'apps/v1'"],
+    ),
+    (
+        "wrong-api-version",
+        yaml.safe_dump({**BASE_MANIFEST, "apiVersion": "kuberl.io/v1"}),
+        ["apiVersion: expected 'kuberl.io/v1alpha1', got 'kuberl.io/v1'"],
+    ),
+    ("missing-name", yaml.safe_dump({**BASE_MANIFEST, "metadata": {}}), ["metadata.name: required field is missing"]),
+    (
+        "bad-name",
+        yaml.safe_dump({**BASE_MANIFEST, "metadata": {"name": "My_Job"}}),
+        ["metadata.name: must be lowercase letters, digits and '-'"],
+    ),
+    (
+        "unknown-field",
+        manifest_with(sandbox={"maxReplica": 3}),
+        ["spec.sandbox.maxReplica: unknown field 'maxReplica'; did you mean 'maxReplicas'?"],
+    ),
+    ("unknown-section", manifest_with(trainer={}), ["spec.trainer: unknown field 'trainer'; did you mean 'training'?"]),
+    (
+        "wrong-type",
+        manifest_with(training={"totalSteps": "many"}),
+        ["spec.training.totalSteps: expected a valid integer, got 'many'"],
+    ),
+    ("section-not-mapping", manifest_with(limits=5), ["spec.limits: expected a mapping, got int 5"]),
+    ("out-of-range", manifest_with(sandbox={"maxReplicas": 0}), ["spec.sandbox.maxReplicas: must be >= 1, got 0"]),
+    (
+        "bad-enum",
+        manifest_with(algorithm={"name": "dpo"}),
+        ["spec.algorithm.name: expected 'grpo', 'rloo' or 'ppo', got 'dpo'"],
+    ),
+    (
+        "bad-duration",
+        manifest_with(limits={"maxWallClock": "forever"}),
+        ["spec.limits.maxWallClock: expected a duration such as '90s', '30m', '36h'"],
+    ),
+    (
+        "bad-uri-scheme",
+        manifest_with(model={"uri": "gs://bucket/model"}),
+        ["spec.model.uri: unsupported URI scheme 'gs://'"],
+    ),
+    (
+        "bad-quantity",
+        manifest_with(learner={"resources": {"limits": {"memory": "lots"}}}),
+        ["spec.learner.resources.limits.memory: expected a Kubernetes quantity"],
+    ),
+    (
+        "float-quantity",
+        manifest_with(sandbox={"session": {"cpu": 0.5}}),
+        ["spec.sandbox.session.cpu: write fractional quantities as strings, such as '0.5'"],
+    ),
+    (
+        "bad-list-item",
+        manifest_with(scheduling={"learner": {"tolerations": [{"operator": "Maybe"}]}}),
+        ["spec.scheduling.learner.tolerations[0].operator: expected 'Exists' or 'Equal', got 'Maybe'"],
+    ),
+    (
+        "cross-field",
+        manifest_with(sandbox={"minReplicas": 4, "maxReplicas": 2}),
+        ["spec.sandbox.maxReplicas: must be >= minReplicas (4), got 2"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "expected"), BAD, ids=[b[0] for b in BAD])
+def test_bad_manifest_gets_one_line_per_problem(tmp_path, case, text, expected):
+    path = str(tmp_path / f"{case}.yaml") if text is None else write(tmp_path, f"{case}.yaml", text)
+    result = kuberl("validate", path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if not line.endswith("invalid")]
+    assert len(lines) == len(expected), lines
+    for line, fragment in zip(lines, expected, strict=True):
+        assert line.startswith(path + ": ") and fragment in line, (line, fragment)
+
+
+def test_many_documents_are_reported_each_by_number(tmp_path):
+    good = yaml.safe_dump(BASE_MANIFEST)
+    bad = manifest_with(training={"seed": -1})
+    path = write(tmp_path, "stream.yaml", f"{good}---\n{bad}---\n{good}")
+    result = kuberl("validate", path)
+    assert result.returncode == 2
+    assert f"{path}#1: RLJob 'unit' is valid" in result.stdout
+    assert f"{path}#3: RLJob 'unit' is valid" in result.stdout
+    assert f"{path}#2: spec.training.seed: must be >= 0, got -1" in result.stderr
+    assert "1 of 3 document(s) invalid" in result.stderr
+
+
+def test_reads_stdin_and_quiet_prints_nothing_for_valid_documents():
+    result = kuberl("validate", "--quiet", "-", stdin=yaml.safe_dump(BASE_MANIFEST))
+    assert result.returncode == 0 and result.stdout == "" and result.stderr == ""
+
+
+def test_no_arguments_is_a_usage_error():
+    result = kuberl("validate")
+    assert result.returncode == 2 and "Missing argument" in result.stderr

@@ -1,0 +1,55 @@
+"""The project layout of the design card, and an install that a second run leaves alone."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+
+import pytest
+from conftest import REPO
+
+PACKAGES = {
+    "kuberl": "kuberl",
+    "kuberl_operator": "operator/kuberl_operator",
+    "kuberl_trainer": "trainer/kuberl_trainer",
+    "kuberl_rollout": "rollout-server/kuberl_rollout",
+    "kuberl_sandbox": "env-images/kuberl_sandbox",
+}
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [
+        "operator",
+        "crds",
+        "charts",
+        "trainer",
+        "rollout-server",
+        "env-images",
+        "tests",
+        "examples",
+        "benchmarks",
+        "docs",
+    ],
+)
+def test_design_card_folders_exist(folder):
+    assert (REPO / folder).is_dir()
+
+
+@pytest.mark.parametrize(("package", "folder"), PACKAGES.items())
+def test_each_tier_package_imports_from_its_folder(package, folder):
+    module = importlib.import_module(package)
+    assert module.__file__ == str(REPO / folder / "__init__.py")
+
+
+def test_no_top_level_package_shadows_the_standard_library():
+    import operator
+
+    assert not (REPO / "operator" / "__init__.py").exists()
+    assert "site-packages" not in (operator.__file__ or "") and hasattr(operator, "itemgetter")
+
+
+def test_make_install_is_up_to_date_after_installing():
+    # `make -q` exits 0 only when nothing would be rebuilt: a second `make install` does no work.
+    result = subprocess.run(["make", "-q", "install"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, "make install would run again: " + result.stdout + result.stderr
