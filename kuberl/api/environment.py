@@ -7,24 +7,51 @@ callable registered by name; it is the only code most users write.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from kuberl.api.base import ApiModel
+from kuberl.api.spec import TaskSplit
+
+
+def check_relative_path(path: str) -> str:
+    """A workspace-relative POSIX path: not absolute, no '..' component, no backslashes, not empty."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"expected a relative path inside the workspace such as 'src/app.py', got {path!r}")
+    return path
+
+
+def _check_file_map(files: dict[str, str]) -> dict[str, str]:
+    for path in files:
+        check_relative_path(path)
+    return files
+
+
+FileMap = Annotated[dict[str, str], AfterValidator(_check_file_map)]
 
 
 class Task(ApiModel):
-    """One task of a suite: what the agent is asked to do and the files it starts from."""
+    """One task of a suite: the files the agent starts from, how to test them, and the hidden tests.
 
-    task_id: str = Field(min_length=1)
+    Suites are stored as JSONL, one Task per line in its camelCase wire form (see docs/tasks.md).
+    """
+
+    task_id: str = Field(min_length=1, max_length=256)
     """Unique within its suite."""
+    split: TaskSplit = TaskSplit.TRAIN
+    """train or test (held out)."""
     prompt: str
     """Instruction shown to the agent."""
-    files: dict[str, str] = Field(default_factory=dict)
-    """Initial workspace: relative path -> content."""
+    files: FileMap = Field(default_factory=dict)
+    """Initial workspace: relative path -> content. Visible tests live here too."""
+    test_command: str = "python -m unittest -q"
+    """Command the `run_tests` tool runs in the workspace (through /bin/sh)."""
+    hidden_tests: FileMap = Field(default_factory=dict)
+    """Test files added only when scoring at submit; the agent never sees them."""
     metadata: dict[str, Any] = Field(default_factory=dict)
-    """Suite-specific data (hidden tests, split, seed...)."""
+    """Suite-specific data (bug kind, candidate edits, seed...); never shown to the agent."""
 
 
 class ToolCall(ApiModel):
