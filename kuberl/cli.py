@@ -56,5 +56,27 @@ def crds(output: str | None, reference: bool) -> None:
         click.echo(text, nl=False)
 
 
+@main.command()
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8700, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--root", default=None, help="Folder for session workspaces [env KUBERL_SANDBOX_ROOT; /tmp/kuberl-sandbox]."
+)
+@click.option("--max-sessions", default=2048, show_default=True, type=int, help="Sessions this process holds.")
+def sandbox(host: str, port: int, root: str | None, max_sessions: int) -> None:
+    """Serve isolated code-execution sessions over HTTP (token from KUBERL_SANDBOX_TOKEN)."""
+    import dataclasses
+
+    import uvicorn
+    from kuberl_sandbox.api import create_app
+    from kuberl_sandbox.settings import SandboxSettings
+
+    try:
+        settings = dataclasses.replace(SandboxSettings.from_env(root=root), max_sessions=max_sessions)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+
+
 if __name__ == "__main__":
     main()

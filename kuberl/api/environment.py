@@ -77,14 +77,22 @@ class StepResult(ApiModel):
 
 
 class Snapshot(ApiModel):
-    """Serialised environment state; `checksum` proves a restored workspace matches."""
+    """A session's state, enough to rebuild it exactly on any sandbox server.
+
+    `checksum` (SHA-256 over the workspace's paths, modes and contents) proves the rebuilt workspace
+    matches; `actions` is the log of what the agent did, in order.
+    """
 
     session_id: str
     """Session the snapshot was taken from."""
-    checksum: str
-    """Digest of the workspace contents."""
+    task_id: str
+    """Task the session was created from (the restore needs the task again for its hidden tests)."""
+    checksum: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """SHA-256 of the workspace."""
     data: str
-    """Opaque state (for example a base64 archive)."""
+    """The workspace as a base64 tar.gz archive."""
+    actions: list[dict[str, Any]] = Field(default_factory=list)
+    """Mutating actions so far (commands, writes, replacements), in order."""
 
 
 @runtime_checkable

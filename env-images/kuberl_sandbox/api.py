@@ -1,0 +1,262 @@
+"""The sandbox server's HTTP API (FastAPI). Handlers only translate HTTP to SessionManager calls."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import tempfile
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from kuberl.api.environment import Snapshot, StepResult, Task, ToolCall
+from kuberl_sandbox import workspace as ws
+from kuberl_sandbox.metrics import SandboxMetrics
+from kuberl_sandbox.sessions import SessionError, SessionManager
+from kuberl_sandbox.settings import SandboxSettings
+from kuberl_sandbox.tools import apply_tool
+
+MAX_COMMAND_CHARS = 100_000
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class CreateSession(Body):
+    task: Task
+    timeout: float | None = Field(None, description="Default per-command timeout of this session, seconds.")
+
+
+class RestoreSession(Body):
+    task: Task
+    snapshot: Snapshot
+
+
+class SessionInfo(Body):
+    session_id: str
+    task_id: str
+    observation: str
+    isolated: bool
+    checksum: str | None = None
+
+
+class ExecRequest(Body):
+    command: str = Field(min_length=1, max_length=MAX_COMMAND_CHARS)
+    timeout: float | None = None
+
+
+class ExecResponse(Body):
+    exit_code: int | None
+    output: str
+    truncated: bool
+    timed_out: bool
+    duration_s: float
+
+
+class WriteRequest(Body):
+    path: str
+    content: str
+
+
+class ReplaceRequest(Body):
+    path: str
+    old: str = Field(min_length=1)
+    new: str
+
+
+class PatchRequest(Body):
+    patch: str = Field(min_length=1, description="A unified diff with paths relative to the workspace (-p1 style).")
+
+
+class TestsRequest(Body):
+    hidden: bool = False
+
+
+def initial_observation(task: Task) -> str:
+    return task.prompt + "\nFiles: " + ", ".join(sorted(task.files))
+
+
+class BodyLimit:
+    """ASGI middleware answering 413 once a request body passes `limit` bytes (declared or streamed)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            return await self._too_large(send)
+        seen = 0
+
+        async def limited_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._too_large(send)
+
+    async def _too_large(self, send: Any) -> None:
+        response = JSONResponse({"detail": f"request body larger than {self.limit} bytes"}, status_code=413)
+        await response({"type": "http"}, None, send)  # type: ignore[arg-type]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(settings: SandboxSettings) -> FastAPI:
+    """The sandbox server for `settings`; sessions live as long as the app."""
+    metrics = SandboxMetrics()
+    manager = SessionManager(settings, metrics)
+    token = settings.token.encode()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        manager.prepare()
+        app.state.ready = True
+        yield
+        await manager.close_all()
+
+    app = FastAPI(title="KubeRL sandbox", version="v1", lifespan=lifespan)
+    app.state.ready = False
+    app.state.manager = manager
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    def authenticate(authorization: Annotated[str | None, Header()] = None) -> None:
+        scheme, _, presented = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), token):
+            raise SessionError(401, "missing or wrong bearer token")
+
+    @app.exception_handler(SessionError)
+    async def session_error(request: Request, err: SessionError) -> JSONResponse:
+        metrics.errors.labels(str(err.status)).inc()
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        return JSONResponse({"detail": str(err)}, status_code=err.status, headers=headers)
+
+    @app.exception_handler(ws.WorkspaceError)
+    async def workspace_error(request: Request, err: ws.WorkspaceError) -> JSONResponse:
+        metrics.errors.labels("400").inc()
+        return JSONResponse({"detail": str(err)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        metrics.errors.labels("422").inc()
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        ready = app.state.ready
+        body = {"ready": ready, "sessions": len(manager.sessions), "maxSessions": settings.max_sessions}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    auth = [Depends(authenticate)]
+
+    @app.post("/v1/sessions", dependencies=auth, status_code=201)
+    async def create_session(body: CreateSession) -> SessionInfo:
+        session = await manager.create(body.task, body.timeout)
+        return SessionInfo(session_id=session.session_id, task_id=body.task.task_id,
+                           observation=initial_observation(body.task), isolated=session.identity.isolated)  # fmt: skip
+
+    @app.post("/v1/sessions/restore", dependencies=auth, status_code=201)
+    async def restore_session(body: RestoreSession) -> SessionInfo:
+        session = await manager.restore(body.task, body.snapshot)
+        return SessionInfo(session_id=session.session_id, task_id=body.task.task_id,
+                           observation=initial_observation(body.task), isolated=session.identity.isolated,
+                           checksum=body.snapshot.checksum)  # fmt: skip
+
+    @app.get("/v1/sessions/{session_id}", dependencies=auth)
+    async def describe_session(session_id: str) -> dict[str, Any]:
+        s = manager.get(session_id)
+        return {"sessionId": s.session_id, "taskId": s.task.task_id, "commands": s.commands,
+                "actions": len(s.actions), "checksum": ws.checksum(s.workspace), "created": s.created}  # fmt: skip
+
+    @app.post("/v1/sessions/{session_id}/exec", dependencies=auth)
+    async def execute(session_id: str, body: ExecRequest) -> ExecResponse:
+        result = await manager.execute(manager.get(session_id), body.command, body.timeout)
+        return ExecResponse(exit_code=result.exit_code, output=result.output, truncated=result.truncated,
+                            timed_out=result.timed_out, duration_s=result.duration_s)  # fmt: skip
+
+    @app.get("/v1/sessions/{session_id}/files", dependencies=auth)
+    async def read_file(session_id: str, path: Annotated[str, Query(min_length=1)]) -> dict[str, Any]:
+        session = manager.get(session_id)
+        content, cut = ws.read_text(session.workspace, path, settings.max_body_bytes)
+        return {"path": path, "content": content, "truncated": cut}
+
+    @app.post("/v1/sessions/{session_id}/files", dependencies=auth)
+    async def write_file(session_id: str, body: WriteRequest) -> dict[str, Any]:
+        session = manager.get(session_id)
+        async with session.lock:
+            size = ws.write_text(session.workspace, body.path, body.content, session.owner)
+            manager.record(session, {"op": "write", "path": body.path, "content": body.content})
+        return {"path": body.path, "bytes": size}
+
+    @app.post("/v1/sessions/{session_id}/files/replace", dependencies=auth)
+    async def replace_in_file(session_id: str, body: ReplaceRequest) -> dict[str, Any]:
+        session = manager.get(session_id)
+        async with session.lock:
+            count = ws.replace_text(session.workspace, body.path, body.old, body.new, session.owner)
+            manager.record(session, {"op": "replace", "path": body.path, "old": body.old, "new": body.new})
+        return {"path": body.path, "replaced": count}
+
+    @app.post("/v1/sessions/{session_id}/files/patch", dependencies=auth)
+    async def apply_patch(session_id: str, body: PatchRequest) -> ExecResponse:
+        session = manager.get(session_id)
+        with tempfile.NamedTemporaryFile("w", dir=session.home / "tmp", suffix=".diff", delete=False) as f:
+            f.write(body.patch)
+        if session.owner:
+            os.chown(f.name, *session.owner)
+        # `patch` runs as the session's user: it can change nothing that user could not.
+        result = await manager.execute(session, f"patch -p1 --batch --forward --no-backup-if-mismatch -i {f.name}")
+        if result.exit_code != 0:
+            raise SessionError(400, f"patch did not apply: {result.output.strip()[-500:]}")
+        return ExecResponse(exit_code=result.exit_code, output=result.output, truncated=result.truncated,
+                            timed_out=result.timed_out, duration_s=result.duration_s)  # fmt: skip
+
+    @app.get("/v1/sessions/{session_id}/list", dependencies=auth)
+    async def list_directory(session_id: str, path: str = ".") -> dict[str, Any]:
+        return {"entries": ws.list_dir(manager.get(session_id).workspace, path)}
+
+    @app.post("/v1/sessions/{session_id}/tests", dependencies=auth)
+    async def run_tests(session_id: str, body: TestsRequest | None = None) -> dict[str, Any]:
+        outcome = await manager.run_tests(manager.get(session_id), hidden=bool(body and body.hidden))
+        return {**outcome.as_info(), "output": outcome.output}
+
+    @app.post("/v1/sessions/{session_id}/step", dependencies=auth)
+    async def step(session_id: str, call: ToolCall) -> StepResult:
+        return await apply_tool(manager, manager.get(session_id), call)
+
+    @app.post("/v1/sessions/{session_id}/snapshot", dependencies=auth)
+    async def snapshot(session_id: str) -> Snapshot:
+        session = manager.get(session_id)
+        async with session.lock:
+            return manager.snapshot(session)
+
+    @app.delete("/v1/sessions/{session_id}", dependencies=auth, status_code=204)
+    async def close_session(session_id: str) -> None:
+        await manager.close(session_id)
+
+    return app

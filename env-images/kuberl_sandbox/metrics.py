@@ -1,0 +1,40 @@
+"""Prometheus metrics of a sandbox server (names and units in docs/metrics.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from kuberl_sandbox.execution import CommandResult
+
+disable_created_metrics()  # the *_created series double the scrape for no dashboard use
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class SandboxMetrics:
+    """One registry per server, so several servers (tests) can live in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sessions_open = Gauge("kuberl_sandbox_sessions_open", "Sessions currently open.", registry=r)
+        self.sessions_created = Counter("kuberl_sandbox_sessions_created_total", "Sessions created.", registry=r)
+        self.commands = Counter("kuberl_sandbox_commands_total", "Commands run.", ["kind"], registry=r)
+        self.command_seconds = Histogram(
+            "kuberl_sandbox_command_duration_seconds", "Wall-clock seconds of one command.", ["kind"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.timeouts = Counter("kuberl_sandbox_command_timeouts_total", "Commands killed at their wall-clock limit.",
+                                ["kind"], registry=r)  # fmt: skip
+        self.truncated = Counter(
+            "kuberl_sandbox_command_output_truncated_total", "Commands killed for exceeding the output cap.", registry=r
+        )
+        self.errors = Counter("kuberl_sandbox_errors_total", "Requests answered with an error.", ["reason"], registry=r)
+
+    def observe_command(self, kind: str, result: CommandResult) -> None:
+        self.commands.labels(kind).inc()
+        self.command_seconds.labels(kind).observe(result.duration_s)
+        if result.timed_out:
+            self.timeouts.labels(kind).inc()
+        if result.truncated:
+            self.truncated.inc()

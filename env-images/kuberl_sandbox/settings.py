@@ -1,0 +1,76 @@
+"""Configuration of a sandbox server process, from flags or KUBERL_SANDBOX_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOKEN_ENV = "KUBERL_SANDBOX_TOKEN"
+
+
+@dataclass(frozen=True)
+class CommandLimits:
+    """Limits of one command: wall clock, rlimits, and how much output is kept."""
+
+    timeout_s: float = 30.0
+    """Wall-clock limit; the whole process tree is killed when it passes."""
+    memory_bytes: int = 1 << 30
+    """RLIMIT_AS of every process the command starts."""
+    max_processes: int = 64
+    """RLIMIT_NPROC: processes of the session's user at once (stops fork bombs)."""
+    max_file_bytes: int = 64 << 20
+    """RLIMIT_FSIZE: largest file a command may write."""
+    max_open_files: int = 256
+    """RLIMIT_NOFILE."""
+    output_bytes: int = 64 << 10
+    """Output kept (stdout and stderr together); a command that writes more is killed."""
+
+    def cpu_seconds(self) -> int:
+        """RLIMIT_CPU: a little above the wall clock so a busy loop dies by one or the other."""
+        return int(self.timeout_s) + 2
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """Everything a sandbox server needs to know."""
+
+    root: Path
+    """Directory holding one folder per session."""
+    token: str
+    """Shared secret callers present as `Authorization: Bearer <token>`."""
+    limits: CommandLimits = field(default_factory=CommandLimits)
+    """Default limits of one command."""
+    max_timeout_s: float = 600.0
+    """Largest timeout a caller may ask for."""
+    max_sessions: int = 2048
+    """Sessions one process holds; creating more answers 503."""
+    max_concurrent_commands: int = 64
+    """Commands running at once; the rest wait (backpressure instead of an overloaded machine)."""
+    max_body_bytes: int = 16 << 20
+    """Largest request body; larger ones get 413."""
+    uid_base: int = 200_000
+    """First user id handed to sessions; each session gets its own unprivileged uid."""
+    uid_span: int = 1_000_000
+    """Size of the uid range (uids are not reused until it wraps)."""
+    python: str = "/usr/bin/python3"
+    """Interpreter sessions see as `python` and `python3`."""
+    observation_bytes: int = 4000
+    """Tool observations longer than this are cut (the agent's context is precious)."""
+
+    @staticmethod
+    def from_env(root: str | None = None, token: str | None = None) -> SandboxSettings:
+        """Settings from arguments, falling back to KUBERL_SANDBOX_ROOT and KUBERL_SANDBOX_TOKEN."""
+        token = token or os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ValueError(f"no token: set {TOKEN_ENV} (callers must send it as 'Authorization: Bearer <token>')")
+        root_path = Path(root or os.environ.get("KUBERL_SANDBOX_ROOT", "/tmp/kuberl-sandbox"))
+        python = os.environ.get("KUBERL_SANDBOX_PYTHON") or _find_python()
+        return SandboxSettings(root=root_path, token=token, python=python)
+
+
+def _find_python() -> str:
+    for candidate in ("/usr/local/bin/python3", "/usr/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise ValueError("no python3 for sessions: set KUBERL_SANDBOX_PYTHON")

@@ -1,0 +1,52 @@
+"""Run a task's tests and read unittest's summary: how many ran, how many passed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kuberl_sandbox.execution import CommandResult
+
+_RAN = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
+_FAILED = re.compile(r"^FAILED \(([^)]*)\)", re.MULTILINE)
+_COUNT = re.compile(r"(failures|errors|unexpected successes)=(\d+)")
+_TEST_DEF = re.compile(r"^\s+def (test\w*)\s*\(", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    total: int
+    passed: int
+    output: str
+    exit_code: int | None
+    timed_out: bool
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    def as_info(self) -> dict[str, object]:
+        return {"total": self.total, "passed": self.passed, "fraction": self.fraction, "exitCode": self.exit_code,
+                "timedOut": self.timed_out}  # fmt: skip
+
+
+def count_test_methods(sources: list[str]) -> int:
+    """Test methods defined in unittest files: the denominator when a crash hides how many there were."""
+    return sum(len(_TEST_DEF.findall(src)) for src in sources)
+
+
+def summarize(result: CommandResult, expected_total: int = 0) -> TestOutcome:
+    """Pass counts from unittest output; a run that crashed before reporting counts as all failed."""
+    ran = _RAN.findall(result.output)
+    total = int(ran[-1]) if ran else 0
+    failed = 0
+    if failures := _FAILED.findall(result.output):
+        failed = sum(int(n) for _, n in _COUNT.findall(failures[-1]))
+    passed = max(0, total - failed) if ran and result.exit_code is not None else 0
+    return TestOutcome(
+        total=max(total, expected_total),
+        passed=passed,
+        output=result.output,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+    )

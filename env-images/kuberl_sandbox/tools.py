@@ -1,0 +1,102 @@
+"""The tools an agent calls, applied to a session: the sandbox side of the environment protocol.
+
+A tool call never fails the request: a malformed or impossible call returns an observation that says
+what went wrong, so the agent can read it and try again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kuberl.api.environment import StepResult, ToolCall
+from kuberl_sandbox import workspace as ws
+from kuberl_sandbox.sessions import Session, SessionManager
+
+ToolHandler = Callable[[SessionManager, Session, dict[str, Any]], Awaitable[StepResult]]
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n... [{len(text) - limit} more characters cut]"
+
+
+def _args(arguments: dict[str, Any], *names: str) -> list[str]:
+    missing = [n for n in names if not isinstance(arguments.get(n), str)]
+    if missing:
+        raise ws.WorkspaceError(f"missing or non-string argument(s): {', '.join(missing)}")
+    return [arguments[n] for n in names]
+
+
+async def read_file(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    (path,) = _args(arguments, "path")
+    content, cut = ws.read_text(session.workspace, path, manager.settings.observation_bytes)
+    return StepResult(observation=content + ("\n... [file cut]" if cut else ""), info={"path": path})
+
+
+async def replace(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    path, old, new = _args(arguments, "path", "old", "new")
+    count = ws.replace_text(session.workspace, path, old, new, session.owner)
+    manager.record(session, {"op": "replace", "path": path, "old": old, "new": new})
+    return StepResult(observation=f"Replaced {count} occurrence(s) in {path}.", info={"replaced": count})
+
+
+async def write_file(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    path, content = _args(arguments, "path", "content")
+    size = ws.write_text(session.workspace, path, content, session.owner)
+    manager.record(session, {"op": "write", "path": path, "content": content})
+    return StepResult(observation=f"Wrote {size} bytes to {path}.", info={"bytes": size})
+
+
+async def list_files(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    entries = ws.list_dir(session.workspace, str(arguments.get("path") or "."))
+    return StepResult(observation="\n".join(str(e["path"]) for e in entries), info={"entries": len(entries)})
+
+
+async def run(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    (command,) = _args(arguments, "command")
+    result = await manager.execute(session, command)
+    status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+    observation = _cut(result.output, manager.settings.observation_bytes) + f"\n[{status}]"
+    return StepResult(observation=observation, info={"exitCode": result.exit_code, "timedOut": result.timed_out})
+
+
+async def run_tests(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    outcome = await manager.run_tests(session)
+    observation = _cut(outcome.output.strip(), manager.settings.observation_bytes)
+    observation += f"\n[{outcome.passed}/{outcome.total} tests passed]"
+    return StepResult(observation=observation, info={"tests": outcome.as_info()})
+
+
+async def submit(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    outcome = await manager.run_tests(session, hidden=True)
+    manager.record(session, {"op": "submit"})
+    return StepResult(
+        observation=f"Submitted. {outcome.passed}/{outcome.total} hidden tests passed.",
+        done=True,
+        info={"hiddenTests": outcome.as_info()},
+    )
+
+
+TOOLS: dict[str, ToolHandler] = {
+    "read_file": read_file,
+    "replace": replace,
+    "write_file": write_file,
+    "list_files": list_files,
+    "run": run,
+    "run_tests": run_tests,
+    "submit": submit,
+}
+
+
+async def apply_tool(manager: SessionManager, session: Session, call: ToolCall) -> StepResult:
+    """Apply one tool call; errors become observations with info['error'] set."""
+    handler = TOOLS.get(call.name)
+    if handler is None:
+        known = ", ".join(TOOLS)
+        return StepResult(
+            observation=f"error: unknown tool {call.name!r}; tools: {known}", info={"error": "unknown_tool"}
+        )
+    try:
+        return await handler(manager, session, call.arguments)
+    except ws.WorkspaceError as err:
+        return StepResult(observation=f"error: {err}", info={"error": "bad_arguments"})
