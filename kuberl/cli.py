@@ -68,6 +68,7 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int) -> None:
     import dataclasses
 
     import uvicorn
+
     from kuberl_sandbox.api import create_app
     from kuberl_sandbox.settings import SandboxSettings
 

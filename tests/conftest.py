@@ -33,3 +33,21 @@ def with_spec(**sections: dict[str, Any]) -> dict[str, Any]:
     for name, value in sections.items():
         doc["spec"].setdefault(name, {}).update(value)
     return doc
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """One real `kuberl sandbox` server process shared by the tests of a run."""
+    from helpers.processes import sandbox_server
+
+    with sandbox_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def second_sandbox():
+    """Another server process: where snapshots are restored."""
+    from helpers.processes import sandbox_server
+
+    with sandbox_server() as server:
+        yield server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import tempfile
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from kuberl_sandbox.settings import SandboxSettings
 from kuberl_sandbox.tools import apply_tool
 
 MAX_COMMAND_CHARS = 100_000
+log = logging.getLogger("kuberl.sandbox")
 
 
 class Body(BaseModel):
@@ -158,6 +160,12 @@ def create_app(settings: SandboxSettings) -> FastAPI:
         metrics.errors.labels("422").inc()
         problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
         return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        metrics.errors.labels("500").inc()  # a bug: every bad request must get a 4xx instead
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": f"internal error ({type(err).__name__})"}, status_code=500)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -117,19 +117,23 @@ class Environment(Protocol):
 
 
 class RewardContext(ApiModel):
-    """What a reward function sees after a step or at the end of an episode."""
+    """What a reward function sees: the task, every action so far and what each returned."""
 
     task: Task
     """The task."""
     actions: list[ToolCall]
-    """Actions taken so far."""
-    last_result: StepResult | None = None
-    """Result of the last action."""
+    """Actions taken so far, oldest first."""
+    results: list[StepResult]
+    """What each action returned, aligned with `actions`."""
     final: bool = False
-    """True when the episode is over and the outcome reward is wanted."""
+    """True once the episode is over and the outcome reward is wanted."""
+
+    @property
+    def last_result(self) -> StepResult | None:
+        return self.results[-1] if self.results else None
 
 
 class RewardFunction(Protocol):
-    """A reward function: return a float (or None for no intermediate reward at this step)."""
+    """A reward function: a float, or None for "no reward at this step" (intermediate calls only)."""
 
     def __call__(self, context: RewardContext) -> float | None: ...

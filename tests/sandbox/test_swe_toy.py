@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+
+from kuberl.api.environment import Task
 from kuberl_sandbox.suites import BUILTIN_SUITES, load_tasks
 from kuberl_sandbox.suites.store import read_jsonl, write_jsonl
 from kuberl_sandbox.suites.swe_toy import BUG_KINDS, MAX_MODULE_LINES, generate
-
-from kuberl.api.environment import Task
 
 TASKS = generate()
 # Every 13th task: 31 tasks that cover every bug kind, run for real in subprocesses.

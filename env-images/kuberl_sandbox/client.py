@@ -1,0 +1,150 @@
+"""Talk to sandbox servers: a thin HTTP client, and the `Environment` the rollout tier drives.
+
+`SandboxEnvironment` implements the environment protocol over a sandbox session and scores every step
+with the job's reward function, so user reward code runs in the caller's process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from kuberl.api.environment import RewardContext, RewardFunction, Snapshot, StepResult, Task, ToolCall
+
+
+class SandboxError(RuntimeError):
+    """A sandbox server answered with an error; `status` is its HTTP status."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"sandbox answered {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class SandboxClient:
+    """The HTTP API of one sandbox server."""
+
+    def __init__(self, base_url: str, token: str, http: httpx.AsyncClient | None = None, timeout: float = 660.0):
+        self.base_url = base_url.rstrip("/")
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._owns_http = http is None
+        self._headers = {"Authorization": f"Bearer {token}"}
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
+        response = await self._http.request(
+            method, self.base_url + path, json=body, params=params or None, headers=self._headers
+        )
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise SandboxError(response.status_code, str(detail))
+        return response.json() if response.content else None
+
+    async def create_session(self, task: Task, timeout: float | None = None) -> dict[str, Any]:
+        return await self._call("POST", "/v1/sessions", {"task": task.to_manifest(), "timeout": timeout})
+
+    async def restore_session(self, task: Task, snapshot: Snapshot) -> dict[str, Any]:
+        body = {"task": task.to_manifest(), "snapshot": snapshot.to_manifest()}
+        return await self._call("POST", "/v1/sessions/restore", body)
+
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/sessions/{session_id}")
+
+    async def execute(self, session_id: str, command: str, timeout: float | None = None) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/exec", {"command": command, "timeout": timeout})
+
+    async def read_file(self, session_id: str, path: str) -> str:
+        return (await self._call("GET", f"/v1/sessions/{session_id}/files", path=path))["content"]
+
+    async def write_file(self, session_id: str, path: str, content: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/files", {"path": path, "content": content})
+
+    async def replace(self, session_id: str, path: str, old: str, new: str) -> dict[str, Any]:
+        body = {"path": path, "old": old, "new": new}
+        return await self._call("POST", f"/v1/sessions/{session_id}/files/replace", body)
+
+    async def patch(self, session_id: str, diff: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/files/patch", {"patch": diff})
+
+    async def list_dir(self, session_id: str, path: str = ".") -> list[dict[str, Any]]:
+        return (await self._call("GET", f"/v1/sessions/{session_id}/list", path=path))["entries"]
+
+    async def run_tests(self, session_id: str, hidden: bool = False) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/sessions/{session_id}/tests", {"hidden": hidden})
+
+    async def step(self, session_id: str, call: ToolCall) -> StepResult:
+        return StepResult.model_validate(
+            await self._call("POST", f"/v1/sessions/{session_id}/step", call.to_manifest())
+        )
+
+    async def snapshot(self, session_id: str) -> Snapshot:
+        return Snapshot.model_validate(await self._call("POST", f"/v1/sessions/{session_id}/snapshot"))
+
+    async def close(self, session_id: str) -> None:
+        await self._call("DELETE", f"/v1/sessions/{session_id}")
+
+
+class SandboxEnvironment:
+    """One agent episode in a sandbox session, scored by a reward function (the environment protocol)."""
+
+    def __init__(self, client: SandboxClient, reward_fn: RewardFunction, intermediate_rewards: bool = False) -> None:
+        self.client = client
+        self.reward_fn = reward_fn
+        self.intermediate_rewards = intermediate_rewards
+        self.session_id: str | None = None
+        self.task: Task | None = None
+        self.actions: list[ToolCall] = []
+        self.results: list[StepResult] = []
+
+    async def reset(self, task: Task) -> str:
+        """Open a session on `task`; returns the initial observation."""
+        created = await self.client.create_session(task)
+        self.session_id, self.task = created["sessionId"], task
+        self.actions, self.results = [], []
+        return created["observation"]
+
+    async def step(self, action: ToolCall) -> StepResult:
+        """Apply an action; the result carries the intermediate or (when done) the final reward."""
+        result = await self.client.step(self._session(), action)
+        self.actions.append(action)
+        self.results.append(result)
+        if result.done:
+            return result.model_copy(update={"reward": self.final_reward()})
+        if self.intermediate_rewards:
+            return result.model_copy(update={"reward": self.reward_fn(self._context(final=False))})
+        return result
+
+    def final_reward(self) -> float:
+        """The outcome reward of the episode so far (0 for an episode cut off before submitting)."""
+        value = self.reward_fn(self._context(final=True))
+        return float(value) if value is not None else 0.0
+
+    async def snapshot(self) -> Snapshot:
+        return await self.client.snapshot(self._session())
+
+    async def restore(self, snapshot: Snapshot) -> None:
+        """Continue from `snapshot` in a new session on this environment's server."""
+        assert self.task is not None, "restore needs the task: call reset first or set .task"
+        created = await self.client.restore_session(self.task, snapshot)
+        self.session_id = created["sessionId"]
+
+    async def close(self) -> None:
+        if self.session_id is not None:
+            await self.client.close(self.session_id)
+            self.session_id = None
+
+    def _session(self) -> str:
+        if self.session_id is None:
+            raise RuntimeError("no open session: call reset(task) first")
+        return self.session_id
+
+    def _context(self, final: bool) -> RewardContext:
+        assert self.task is not None
+        return RewardContext(task=self.task, actions=self.actions, results=self.results, final=final)
