@@ -70,13 +70,17 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int) -> None:
     import uvicorn
 
     from kuberl_sandbox.api import create_app
+    from kuberl_sandbox.execution import namespaces_available
+    from kuberl_sandbox.sessions import isolation_problem
     from kuberl_sandbox.settings import SandboxSettings
 
     try:
         settings = dataclasses.replace(SandboxSettings.from_env(root=root), max_sessions=max_sessions)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    if problem := isolation_problem(settings, namespaces_available(settings.uid_base)):
+        raise click.UsageError(problem)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
 
 
 if __name__ == "__main__":

@@ -38,16 +38,16 @@ def with_spec(**sections: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def sandbox():
     """One real `kuberl sandbox` server process shared by the tests of a run."""
-    from helpers.processes import sandbox_server
+    from kuberl_sandbox.local import local_sandbox
 
-    with sandbox_server() as server:
+    with local_sandbox() as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def second_sandbox():
     """Another server process: where snapshots are restored."""
-    from helpers.processes import sandbox_server
+    from kuberl_sandbox.local import local_sandbox
 
-    with sandbox_server() as server:
+    with local_sandbox() as server:
         yield server

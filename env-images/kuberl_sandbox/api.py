@@ -139,7 +139,7 @@ def create_app(settings: SandboxSettings) -> FastAPI:
     app.state.manager = manager
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    def authenticate(authorization: Annotated[str | None, Header()] = None) -> None:
+    async def authenticate(authorization: Annotated[str | None, Header()] = None) -> None:
         scheme, _, presented = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), token):
             raise SessionError(401, "missing or wrong bearer token")

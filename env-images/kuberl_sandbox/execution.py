@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -27,6 +26,7 @@ _READ_CHUNK = 1 << 16
 _DRAIN_GRACE_S = 0.05
 _STOP_GRACE_S = 2.0
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,6 @@ class CommandResult:
     """Wall-clock seconds."""
 
 
-def _child_setup(limits: CommandLimits) -> None:  # runs in the forked child before exec
-    for kind, value in (
-        (resource.RLIMIT_AS, limits.memory_bytes),
-        (resource.RLIMIT_CPU, limits.cpu_seconds()),
-        (resource.RLIMIT_NPROC, limits.max_processes),
-        (resource.RLIMIT_FSIZE, limits.max_file_bytes),
-        (resource.RLIMIT_NOFILE, limits.max_open_files),
-        (resource.RLIMIT_CORE, 0),
-    ):
-        resource.setrlimit(kind, (value, value))
-
-
 async def run_command(
     command: str,
     *,
@@ -75,14 +63,13 @@ async def run_command(
     """Run `command` through /bin/sh in `cwd` as `identity` under `limits`; never raises for what it does."""
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        *command_argv(command, identity),
+        *command_argv(command, identity, limits),
         cwd=cwd,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,  # its own process group, killed as one
-        preexec_fn=lambda: _child_setup(limits),
     )
     kept = bytearray()
     truncated = timed_out = False
@@ -141,13 +128,27 @@ async def run_command(
     )
 
 
-def command_argv(command: str, identity: Identity) -> list[str]:
-    """The argv that runs `command` through /bin/sh as `identity` (in a PID namespace when isolated)."""
+def command_argv(command: str, identity: Identity, limits: CommandLimits) -> list[str]:
+    """The argv that runs `command` through /bin/sh as `identity` under `limits`.
+
+    rlimits are set by `prlimit` rather than a Python preexec_fn: without one, the server can spawn
+    with vfork instead of copying its whole address space for every command.
+    """
+    rlimits = [
+        PRLIMIT,
+        f"--as={limits.memory_bytes}",
+        f"--cpu={limits.cpu_seconds()}",
+        f"--nproc={limits.max_processes}",
+        f"--fsize={limits.max_file_bytes}",
+        f"--nofile={limits.max_open_files}",
+        "--core=0",
+        "--",
+    ]
     shell = ["/bin/sh", "-c", command]
     if not identity.isolated:
-        return shell
+        return rlimits + shell
     uid, gid = str(identity.uid), str(identity.gid)
-    return [UNSHARE, "--pid", "--fork", "--kill-child", "--setuid", uid, "--setgid", gid, "--", *shell]
+    return [*rlimits, UNSHARE, "--pid", "--fork", "--kill-child", "--setuid", uid, "--setgid", gid, "--", *shell]
 
 
 def namespaces_available(uid: int) -> bool:
@@ -155,7 +156,7 @@ def namespaces_available(uid: int) -> bool:
     if os.geteuid() != 0:
         return False
     try:
-        argv = command_argv("true", Identity(uid=uid, gid=uid, isolated=True))
+        argv = command_argv("true", Identity(uid=uid, gid=uid, isolated=True), CommandLimits())
         return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False

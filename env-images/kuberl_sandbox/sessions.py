@@ -27,6 +27,17 @@ HIDDEN_DIR = "hidden"
 log = logging.getLogger("kuberl.sandbox")
 
 
+def isolation_problem(settings: SandboxSettings, isolated: bool) -> str | None:
+    """Why this server must not start, if sessions cannot be isolated and that was not allowed."""
+    if isolated or settings.allow_shared_user:
+        return None
+    return (
+        "cannot give sessions users and PID namespaces of their own (needs root with CAP_SETUID, CAP_SETGID and "
+        "CAP_SYS_ADMIN, and util-linux unshare); refusing to run agent code unisolated. "
+        "For development only, set KUBERL_SANDBOX_ALLOW_SHARED_USER=1."
+    )
+
+
 class SessionError(Exception):
     """A request about sessions that cannot be served; `status` is the HTTP status to answer with."""
 
@@ -74,8 +85,10 @@ class SessionManager:
         """Create the root folder (reachable, not listable, by session users) and the `python` shim."""
         root = self.settings.root
         self.isolated = namespaces_available(self.settings.uid_base)
+        if problem := isolation_problem(self.settings, self.isolated):
+            raise RuntimeError(problem)
         if not self.isolated:
-            log.warning("sandbox is NOT isolated (needs root and unshare): sessions share one user; development only")
+            log.warning("sandbox is NOT isolated: sessions share one user; development only")
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)
         for parent in root.resolve().parents:

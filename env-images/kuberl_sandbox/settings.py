@@ -57,6 +57,8 @@ class SandboxSettings:
     """Interpreter sessions see as `python` and `python3`."""
     observation_bytes: int = 4000
     """Tool observations longer than this are cut (the agent's context is precious)."""
+    allow_shared_user: bool = False
+    """Start even when sessions cannot get users of their own (not root): development only."""
 
     @staticmethod
     def from_env(root: str | None = None, token: str | None = None) -> SandboxSettings:
@@ -66,7 +68,8 @@ class SandboxSettings:
             raise ValueError(f"no token: set {TOKEN_ENV} (callers must send it as 'Authorization: Bearer <token>')")
         root_path = Path(root or os.environ.get("KUBERL_SANDBOX_ROOT", "/tmp/kuberl-sandbox"))
         python = os.environ.get("KUBERL_SANDBOX_PYTHON") or _find_python()
-        return SandboxSettings(root=root_path, token=token, python=python)
+        shared = os.environ.get("KUBERL_SANDBOX_ALLOW_SHARED_USER", "") in ("1", "true", "yes")
+        return SandboxSettings(root=root_path, token=token, python=python, allow_shared_user=shared)
 
 
 def _find_python() -> str:

@@ -241,8 +241,8 @@ def test_builtin_suite_and_its_errors(tmp_path):
         load_tasks("sweet-toy")
     with pytest.raises(ValueError, match=r"unknown split 'dev'; expected one of: train, test"):
         load_tasks("swe-toy", split="dev")
-    with pytest.raises(ValueError, match=r"download it first"):
-        load_tasks("swe-toy", uri="s3://bucket/tasks.jsonl")
+    with pytest.raises(ValueError, match=r"use s3://bucket/key, file:///path or a local path"):
+        load_tasks("swe-toy", uri="gs://bucket/tasks.jsonl")
     with pytest.raises(ValueError, match=r"missing\.jsonl: cannot read task file"):
         load_tasks("swe-toy", uri=str(tmp_path / "missing.jsonl"))
 
@@ -259,3 +259,30 @@ def test_docs_describe_the_format_and_every_field():
 def test_generated_kinds_are_spread():
     kinds = collections.Counter(t.metadata["bugKind"] for t in TASKS)
     assert min(kinds.values()) >= len(TASKS) // 10
+
+
+def test_tasks_load_from_s3(tmp_path, monkeypatch):
+    """A real S3 API (moto's server on 127.0.0.1) holding a task file."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key, value in {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(key, value)
+        write_jsonl(TASKS[:5], tmp_path / "tasks.jsonl")
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="suites")
+        s3.upload_file(str(tmp_path / "tasks.jsonl"), "suites", "v1/tasks.jsonl")
+        assert load_tasks("ignored", uri="s3://suites/v1/tasks.jsonl") == TASKS[:5]
+        with pytest.raises(ValueError, match=r"s3://suites/nope.jsonl: cannot download it"):
+            load_tasks("ignored", uri="s3://suites/nope.jsonl")
+    finally:
+        server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -19,7 +20,9 @@ BUILTIN_SUITES: dict[str, Callable[..., list[Task]]] = {
 def load_tasks(name: str, uri: str | None = None, split: str | None = None) -> list[Task]:
     """The tasks of JSONL file `uri`, or of built-in suite `name` when `uri` is None; only `split` if given."""
     wanted = _parse_split(split)
-    if uri is not None:
+    if uri is not None and uri.startswith("s3://"):
+        tasks = _read_s3(uri)
+    elif uri is not None:
         tasks = read_jsonl(_local_path(uri))
     elif name in BUILTIN_SUITES:
         tasks = BUILTIN_SUITES[name]()
@@ -41,9 +44,24 @@ def _parse_split(split: str | None) -> TaskSplit | None:
 
 
 def _local_path(uri: str) -> Path:
-    """A local path or file:// URI as a path; remote stores (s3://...) are fetched by the caller first."""
+    """A local path or file:// URI as a path."""
     if uri.startswith("file://"):
         return Path(unquote(urlparse(uri).path))
     if "://" in uri:
-        raise ValueError(f"task file {uri!r}: only local paths and file:// URIs can be read here; download it first")
+        raise ValueError(f"task file {uri!r}: use s3://bucket/key, file:///path or a local path")
     return Path(uri)
+
+
+def _read_s3(uri: str) -> list[Task]:
+    """Download an s3:// task file (credentials and AWS_ENDPOINT_URL from the environment) and read it."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    parsed = urlparse(uri)
+    with tempfile.TemporaryDirectory() as folder:
+        local = Path(folder) / (Path(parsed.path).name or "tasks.jsonl")
+        try:
+            boto3.client("s3").download_file(parsed.netloc, parsed.path.lstrip("/"), str(local))
+        except (BotoCoreError, ClientError) as err:
+            raise ValueError(f"task file {uri}: cannot download it ({err})") from None
+        return read_jsonl(local)

@@ -1,0 +1,129 @@
+"""Sandbox tier at 100, 500 and 1000 concurrent sessions on one server process.
+
+Per level: session create latency (p50/p99, 32 creates in flight); a trivial command's round trip
+(p50/p99) while every session behaves like an agent (a command, then `THINK_S` of "generation", three
+times), which also gives per-session throughput (the seed's decay test: at 500 sessions it should be at
+least 0.9 of that at 100); and test-run throughput (swe-toy visible tests, 8 in flight, for 8 s).
+The load generator shares the machine's cores with the server, as it would on a one-machine run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import time
+
+import httpx
+
+from kuberl_sandbox.local import local_sandbox
+from kuberl_sandbox.suites.swe_toy import generate
+
+LEVELS = tuple(int(x) for x in os.environ.get("KUBERL_BENCH_LEVELS", "100,500,1000").split(","))
+THINK_S = 5.0  # an agent turn: ~150 generated tokens at ~30 tokens/s per sequence
+COMMANDS_PER_SESSION = 3
+CREATE_IN_FLIGHT = 32
+TEST_RUNS_IN_FLIGHT = 8
+TEST_RUN_SECONDS = 8.0
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(value: float) -> float:
+    return round(value * 1000, 2)
+
+
+async def measure_level(http: httpx.AsyncClient, count: int, tasks: list) -> dict[str, float]:
+    gate = asyncio.Semaphore(CREATE_IN_FLIGHT)
+    create_s: list[float] = []
+
+    async def create(i: int) -> str:
+        async with gate:
+            started = time.perf_counter()
+            response = await http.post("/v1/sessions", json={"task": tasks[i % len(tasks)].to_manifest()})
+            create_s.append(time.perf_counter() - started)
+            response.raise_for_status()
+            return response.json()["sessionId"]
+
+    sessions = await asyncio.gather(*(create(i) for i in range(count)))
+    held = (await http.get("/readyz")).json()["sessions"]
+
+    rtt_s: list[float] = []
+    rng = random.Random(count)
+
+    async def agent(sid: str) -> None:
+        await asyncio.sleep(rng.uniform(0, THINK_S))  # agents do not start in lockstep
+        for _ in range(COMMANDS_PER_SESSION):
+            started = time.perf_counter()
+            response = await http.post(f"/v1/sessions/{sid}/exec", json={"command": "echo ok"})
+            rtt_s.append(time.perf_counter() - started)
+            assert response.json()["output"] == "ok\n", response.text
+            await asyncio.sleep(THINK_S)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(agent(s) for s in sessions))
+    agent_wall = time.perf_counter() - started
+    per_session_rate = COMMANDS_PER_SESSION / agent_wall
+
+    runs = 0
+    stop_at = time.perf_counter() + TEST_RUN_SECONDS
+
+    async def tester(offset: int) -> None:
+        nonlocal runs
+        i = offset
+        while time.perf_counter() < stop_at:
+            response = await http.post(f"/v1/sessions/{sessions[i % count]}/tests", json={})
+            assert response.json()["total"] > 0, response.text
+            runs += 1
+            i += TEST_RUNS_IN_FLIGHT
+
+    test_started = time.perf_counter()
+    await asyncio.gather(*(tester(k) for k in range(TEST_RUNS_IN_FLIGHT)))
+    test_rate = runs / (time.perf_counter() - test_started)
+
+    await asyncio.gather(*(http.delete(f"/v1/sessions/{s}") for s in sessions))
+    return {
+        "sessions_held": held,
+        "create_p50_ms": ms(statistics.median(create_s)),
+        "create_p99_ms": ms(quantile(create_s, 0.99)),
+        "command_p50_ms": ms(statistics.median(rtt_s)),
+        "command_p99_ms": ms(quantile(rtt_s, 0.99)),
+        "commands": len(rtt_s),
+        "per_session_commands_per_s": round(per_session_rate, 4),
+        "test_runs_per_s": round(test_rate, 2),
+    }
+
+
+async def main() -> dict[str, object]:
+    tasks = generate(200, seed=3)
+    out: dict[str, object] = {"think_s": THINK_S, "commands_per_session": COMMANDS_PER_SESSION}
+    with local_sandbox(max_sessions=max(LEVELS) + 16) as server:
+        # A rollout server keeps a bounded pool per sandbox pod; 1000 sockets would just queue in the kernel.
+        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+        headers = {"Authorization": f"Bearer {server.token}"}
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=120) as http:
+            for count in LEVELS:
+                out[str(count)] = await measure_level(http, count, tasks)
+                print(f"[bench]   {count} sessions: {out[str(count)]}", flush=True)
+    if set(LEVELS) != {100, 500, 1000}:
+        return out
+    rate = {c: out[str(c)]["per_session_commands_per_s"] for c in LEVELS}  # type: ignore[index]
+    out["per_session_throughput_500_vs_100"] = round(rate[500] / rate[100], 3)
+    out["goals"] = {
+        "holds_1000_sessions": out["1000"]["sessions_held"] == 1000,  # type: ignore[index]
+        "command_p99_under_100ms_at_500": out["500"]["command_p99_ms"] < 100,  # type: ignore[index]
+        "throughput_ratio_500_vs_100_at_least_0.9": out["per_session_throughput_500_vs_100"] >= 0.9,
+    }
+    return out
+
+
+def run() -> dict[str, object]:
+    return asyncio.run(main())
+
+
+if __name__ == "__main__":
+    print(run())

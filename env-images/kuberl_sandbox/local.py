@@ -1,0 +1,78 @@
+"""Run a sandbox server as a local subprocess: for `kuberl run`, benchmarks and tests."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+@dataclass(frozen=True)
+class SandboxEndpoint:
+    url: str
+    token: str
+    root: Path
+    pid: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_sandbox(max_sessions: int = 2048, ready_timeout: float = 30.0) -> Iterator[SandboxEndpoint]:
+    """A `kuberl sandbox` process on 127.0.0.1 with a fresh root folder and token, stopped on exit."""
+    base = Path(tempfile.mkdtemp(prefix="kuberl-sbx-", dir="/tmp"))  # /tmp: reachable by session users
+    os.chmod(base, 0o711)
+    token, port = secrets.token_hex(16), free_port()
+    log = base / "server.log"
+    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token}
+    argv = [sys.executable, "-m", "kuberl.cli", "sandbox", "--host", "127.0.0.1", "--port", str(port),
+            "--root", str(base / "sessions"), "--max-sessions", str(max_sessions)]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_ready(url + "/readyz", proc, log, ready_timeout)
+        yield SandboxEndpoint(url=url, token=token, root=base / "sessions", pid=proc.pid)
+    finally:
+        _stop(proc)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _wait_until_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sandbox server exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"sandbox server at {url} not ready after {timeout}s:\n{log.read_text()}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
