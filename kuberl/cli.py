@@ -83,5 +83,28 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int) -> None:
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
 
 
+@main.command("rollout-server")
+@click.argument("job_file", metavar="JOB.yaml")
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--port", default=8800, show_default=True, type=int)
+@click.option(
+    "--sandbox-url", "sandbox_urls", multiple=True, help="Sandbox server URL (repeat) [env KUBERL_SANDBOX_URLS]."
+)
+@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
+def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str, ...], model_path: str | None) -> None:
+    """Serve one vLLM engine and the agent loop for the RLJob in JOB.yaml (token in KUBERL_SANDBOX_TOKEN)."""
+    import uvicorn
+
+    from kuberl.validation import ManifestError, load_rljob
+    from kuberl_rollout.server import build_app, settings_from_env
+
+    try:
+        settings = settings_from_env(load_rljob(job_file), list(sandbox_urls), model_path)
+        app = build_app(settings)
+    except (ManifestError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
+
+
 if __name__ == "__main__":
     main()

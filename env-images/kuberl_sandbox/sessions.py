@@ -7,6 +7,7 @@ and keeps the log of its mutating actions so its state can be explained and rebu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -168,9 +169,7 @@ class SessionManager:
         async with session.lock, self._slots:
             session.commands += 1
             session.actions.append({"op": "exec", "command": command})
-            result = await run_command(
-                command, cwd=str(session.workspace), env=self._env(session), identity=session.identity, limits=limits
-            )
+            result = await self._run(session, command, session.workspace, limits)
         self.metrics.observe_command("exec", result)
         return result
 
@@ -179,10 +178,7 @@ class SessionManager:
         task = session.task
         if not hidden:
             async with session.lock, self._slots:
-                result = await run_command(
-                    task.test_command, cwd=str(session.workspace), env=self._env(session),
-                    identity=session.identity, limits=session.limits,
-                )  # fmt: skip
+                result = await self._run(session, task.test_command, session.workspace, session.limits)
             self.metrics.observe_command("tests", result)
             visible = [c for p, c in task.files.items() if p.rsplit("/", 1)[-1].startswith("test")]
             return summarize(result, count_test_methods(visible))
@@ -194,10 +190,7 @@ class SessionManager:
             if session.owner:
                 os.chown(scratch, *session.owner)
             modules = " ".join(p.removesuffix(".py").replace("/", ".") for p in task.hidden_tests)
-            result = await run_command(
-                f"python -m unittest -q {modules}", cwd=str(scratch), env=self._env(session),
-                identity=session.identity, limits=session.limits,
-            )  # fmt: skip
+            result = await self._run(session, f"python -m unittest -q {modules}", scratch, session.limits)
             shutil.rmtree(scratch, ignore_errors=True)
         self.metrics.observe_command("hidden_tests", result)
         return summarize(result, count_test_methods(list(task.hidden_tests.values())))
@@ -206,6 +199,13 @@ class SessionManager:
         session.actions.append(action)
 
     # -------------------------------------------------------------------------------- internals
+    async def _run(self, session: Session, command: str, cwd: Path, limits: CommandLimits) -> CommandResult:
+        result = await run_command(command, cwd=str(cwd), env=self._env(session), identity=session.identity,
+                                   limits=limits)  # fmt: skip
+        # Where a session lives on this server is no business of the agent's: paths in output are shown
+        # relative to the workspace, so the same state gives the same observation on any server.
+        return dataclasses.replace(result, output=result.output.replace(f"{cwd}/", "").replace(str(cwd), "."))
+
     def _new_session(self, task: Task, timeout_s: float | None) -> Session:
         if len(self.sessions) >= self.settings.max_sessions:
             raise SessionError(503, f"this server holds its maximum of {self.settings.max_sessions} sessions")

@@ -322,6 +322,12 @@ class RolloutSpec(ApiModel):
     """Agent episodes one rollout server runs at once."""
     partial_rollouts: bool = False
     """Let in-flight trajectories continue on new weights (each token keeps its policy version); async only."""
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """Sampling temperature of the agent (0 is greedy); log-probs are of this tempered distribution."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold."""
+    max_tokens_per_turn: int = Field(512, ge=1, le=65_536)
+    """Tokens one generated turn may have."""
 
 
 class EgressPolicy(StrEnum):

@@ -65,6 +65,8 @@ class Trajectory(ApiModel):
     """Outcome reward of the episode."""
     finish_reason: FinishReason
     """Why the episode ended."""
+    error: str | None = None
+    """Why the episode failed (finish reason `error`): the learner drops it and may re-submit the task."""
     sandbox_session_id: str | None = None
     """Sandbox session the episode ran in."""
     timings: dict[str, float] = Field(default_factory=dict)

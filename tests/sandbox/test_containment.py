@@ -114,9 +114,9 @@ def test_hostile_command_is_contained(http, victim, case, command, holds):
     http.delete(f"/v1/sessions/{sid}")
 
 
-def test_another_sessions_workspace_is_unreadable(http, victim):
+def test_another_sessions_workspace_is_unreadable(sandbox, http, victim):
     sid = new_session(http)
-    victim_home = run(http, victim, "pwd")["output"].strip()
+    victim_home = f"{sandbox.root}/{victim}/work"
     result = run(http, sid, f"cat {victim_home}/secret.txt; ls {victim_home}")
     assert "victim-secret" not in result["output"] and "Permission denied" in result["output"]
     assert session_uid(http, sid) != session_uid(http, victim)
@@ -175,3 +175,8 @@ def test_requests_without_the_right_token_get_401(sandbox, header):
 def test_the_server_is_still_healthy(sandbox):
     assert httpx.get(sandbox.url + "/healthz").json() == {"status": "ok"}
     assert httpx.get(sandbox.url + "/readyz").status_code == 200
+
+
+def test_outputs_show_paths_relative_to_the_workspace(http):
+    sid = new_session(http)
+    assert run(http, sid, "pwd; ls $PWD/src")["output"] == ".\napp.py\n"

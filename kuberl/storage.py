@@ -1,0 +1,59 @@
+"""Storage URIs (s3://bucket/prefix, file:///path, local paths) as local folders or files.
+
+S3 credentials and endpoint come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_ENDPOINT_URL for S3-compatible stores), as the operator sets them from the job's Secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+DEFAULT_CACHE = Path(os.environ.get("KUBERL_CACHE", "~/.cache/kuberl")).expanduser()
+
+
+class LocalCopyError(ValueError):
+    """A URI that cannot be read; the message names it."""
+
+
+def local_copy(uri: str, cache: Path = DEFAULT_CACHE) -> Path:
+    """A local path holding what `uri` names; s3:// prefixes are downloaded once into `cache`."""
+    if uri.startswith("s3://"):
+        return _download_prefix(uri, cache)
+    path = Path(unquote(urlparse(uri).path)) if uri.startswith("file://") else Path(uri)
+    if "://" in uri and not uri.startswith("file://"):
+        raise LocalCopyError(f"{uri}: unsupported scheme; use s3://, file:// or a local path")
+    if not path.exists():
+        raise LocalCopyError(f"{uri}: no such file or folder")
+    return path
+
+
+def _download_prefix(uri: str, cache: Path) -> Path:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    parsed = urlparse(uri)
+    bucket, prefix = parsed.netloc, parsed.path.lstrip("/").rstrip("/")
+    target = cache / "s3" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    done = target / ".complete"
+    if done.exists():
+        return target
+    try:
+        s3 = boto3.client("s3")
+        keys = [
+            obj["Key"]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+            for obj in page.get("Contents", [])
+        ]
+        if not keys:
+            raise LocalCopyError(f"{uri}: no objects under this prefix")
+        for key in keys:
+            local = target / key[len(prefix) + 1 :]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, key, str(local))
+    except (BotoCoreError, ClientError) as err:
+        raise LocalCopyError(f"{uri}: cannot download ({err})") from None
+    done.touch()
+    return target

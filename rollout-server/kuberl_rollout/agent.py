@@ -1,0 +1,172 @@
+"""The multi-turn agent loop: generate, parse a tool call, run it in the sandbox, append the observation
+as tokens, until submit or a limit; then score. Token ids are kept end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kuberl.api.environment import Task
+from kuberl.api.trajectory import NOT_GENERATED, FinishReason, Trajectory, Turn
+from kuberl.modeling.chat import ChatFormat
+from kuberl.modeling.tool_calls import ParseError, parse_tool_call
+from kuberl_rollout.engine import RolloutEngine
+from kuberl_sandbox.client import SandboxEnvironment, SandboxError
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Limits of one episode (from the RLJob's environment section) and the sampling settings."""
+
+    max_turns: int = 16
+    max_tokens: int = 8192
+    max_tokens_per_turn: int = 512
+    turn_timeout_s: float = 60.0
+    trajectory_timeout_s: float = 1800.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class _Record:
+    """The growing token record of one trajectory."""
+
+    token_ids: list[int]
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+
+    prompt_length: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.prompt_length = len(self.token_ids)
+        self.loss_mask, self.logprobs, self.versions = [0] * n, [0.0] * n, [NOT_GENERATED] * n
+
+    def add_generated(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += versions
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [NOT_GENERATED] * len(ids)
+
+
+@dataclass
+class Agent:
+    """Runs episodes with one engine and one chat format."""
+
+    engine: RolloutEngine
+    chat: ChatFormat
+    system_prompt: str
+    limits: EpisodeLimits
+    observe: Callable[[str, float], None] | None = None
+    """Called with ("generate" | "environment", seconds) after each phase of each turn (metrics)."""
+
+    def _timed(self, timings: dict[str, float], phase: str, seconds: float) -> None:
+        timings[phase] += seconds
+        if self.observe is not None:
+            self.observe(phase, seconds)
+
+    async def run(self, env: SandboxEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory:
+        """One episode of `task`; never raises for what the model or the sandbox does."""
+        started = time.monotonic()
+        timings = {"generate": 0.0, "environment": 0.0}
+        state: dict[str, Any] = {"record": None, "finish": FinishReason.MAX_TURNS, "error": None, "final": None}
+        try:
+            async with asyncio.timeout(self.limits.trajectory_timeout_s):
+                await self._loop(env, task, seed, timings, state)
+        except TimeoutError:
+            state["finish"] = FinishReason.TIMEOUT
+        except (SandboxError, httpx.HTTPError) as err:
+            state["finish"], state["error"] = FinishReason.ERROR, f"sandbox failed: {err or type(err).__name__}"
+        finally:
+            session_id = env.session_id
+            with contextlib.suppress(SandboxError, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
+                await asyncio.wait_for(env.close(), timeout=10)
+        record: _Record | None = state["record"]
+        if record is None:  # the sandbox failed before the first prompt existed
+            record = _Record(self.chat.prompt_ids(self._messages(task.prompt)))
+        if state["final"] is None and state["finish"] != FinishReason.ERROR:
+            state["final"] = env.final_reward()
+        timings["total"] = time.monotonic() - started
+        return Trajectory(
+            trajectory_id=uuid.uuid4().hex,
+            task_id=task.task_id,
+            group_id=group_id,
+            token_ids=record.token_ids,
+            loss_mask=record.loss_mask,
+            logprobs=record.logprobs,
+            policy_versions=record.versions,
+            prompt_length=record.prompt_length,
+            turns=record.turns,
+            final_reward=state["final"] or 0.0,
+            finish_reason=state["finish"],
+            error=state["error"],
+            sandbox_session_id=session_id,
+            timings=timings,
+        )
+
+    async def _loop(self, env: SandboxEnvironment, task: Task, seed: int | None, timings: dict, state: dict) -> None:
+        t0 = time.monotonic()
+        observation = await asyncio.wait_for(env.reset(task), self.limits.turn_timeout_s)
+        self._timed(timings, "environment", time.monotonic() - t0)
+        record = state["record"] = _Record(self.chat.prompt_ids(self._messages(observation)))
+        eos = self.chat.tokenizer.eos_token_id
+        for turn in range(self.limits.max_turns):
+            budget = min(self.limits.max_tokens_per_turn, self.limits.max_tokens - len(record.token_ids))
+            if budget <= 0:
+                state["finish"] = FinishReason.MAX_TOKENS
+                return
+            t0 = time.monotonic()
+            generation = await self.engine.generate(
+                record.token_ids, max_tokens=budget, temperature=self.limits.temperature, top_p=self.limits.top_p,
+                stop_token_ids=[eos], seed=None if seed is None else seed + turn,
+            )  # fmt: skip
+            self._timed(timings, "generate", time.monotonic() - t0)
+            start = len(record.token_ids)
+            record.add_generated(generation.token_ids, generation.logprobs, generation.versions)
+            action_end = len(record.token_ids)
+            # Decoded only to read the tool call; the ids above are what the learner trains on.
+            parsed = parse_tool_call(self.chat.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
+            reward, done, tool = None, False, None
+            if isinstance(parsed, ParseError):
+                text = parsed.message
+            else:
+                tool = parsed.name
+                t0 = time.monotonic()
+                try:
+                    result = await asyncio.wait_for(env.step(parsed), self.limits.turn_timeout_s)
+                except TimeoutError:
+                    record.turns.append(Turn(start=start, action_end=action_end, end=action_end, tool=tool))
+                    state["finish"] = FinishReason.TIMEOUT
+                    return
+                finally:
+                    self._timed(timings, "environment", time.monotonic() - t0)
+                text, reward, done = result.observation, result.reward, result.done
+            if done:
+                record.turns.append(Turn(start=start, action_end=action_end, end=action_end, reward=None, tool=tool))
+                state["finish"], state["final"] = FinishReason.SUBMITTED, reward
+                return
+            observation_ids = self.chat.observation_ids(text)
+            if len(record.token_ids) + len(observation_ids) > self.limits.max_tokens:
+                record.turns.append(Turn(start=start, action_end=action_end, end=action_end, reward=reward, tool=tool))
+                state["finish"] = FinishReason.MAX_TOKENS
+                return
+            record.add_observation(observation_ids)
+            record.turns.append(Turn(start=start, action_end=action_end, end=len(record.token_ids), reward=reward,
+                                     tool=tool))  # fmt: skip
+
+    def _messages(self, observation: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": observation}]

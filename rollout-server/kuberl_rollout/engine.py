@@ -1,0 +1,158 @@
+"""One vLLM engine, token-in/token-out, with versioned in-place weight updates.
+
+Every generated token comes back with its sampling log-prob (of the distribution actually sampled:
+`processed_logprobs`, so temperature is included) and the policy version that sampled it. The prefix
+cache is salted with the policy version, so a new policy never reuses an old policy's KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kuberl.api.spec import EngineSpec
+
+log = logging.getLogger("kuberl.rollout")
+WORKER_EXTENSION = "kuberl_rollout.worker_extension.WeightUpdateExtension"
+UpdateMode = Literal["keep", "wait", "abort"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one generate call produced."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    """Policy version that sampled each token (they differ when weights changed mid-request)."""
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine is built from: the model folder and the RLJob's engine options."""
+
+    model_path: str
+    spec: EngineSpec
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    seed: int = 0
+
+
+class RolloutEngine:
+    """An AsyncLLM plus the policy version it serves."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.version = 0
+        self._llm = None
+        self._ids = itertools.count()
+        self._update_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Build the engine (tens of seconds on CPU)."""
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        spec = self.config.spec
+        args = AsyncEngineArgs(
+            model=self.config.model_path,
+            dtype=self.config.dtype,
+            seed=self.config.seed,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=spec.max_num_seqs,
+            enable_prefix_caching=spec.enable_prefix_caching,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            enforce_eager=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        await self._llm.update_weight_version(str(self.version))
+
+    @property
+    def llm(self):
+        if self._llm is None:
+            raise RuntimeError("engine not started")
+        return self._llm
+
+    @property
+    def ready(self) -> bool:
+        return self._llm is not None
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_token_ids: list[int] | None = None,
+        seed: int | None = None,
+    ) -> Generation:
+        """Sample a continuation of `prompt_ids`; ids in, ids out, nothing decoded."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            logprobs=0,
+            detokenize=False,
+            stop_token_ids=stop_token_ids or [],
+            seed=seed,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        version = self.version
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=f"policy-{version}")
+        final = None
+        async for output in self.llm.generate(prompt, params, request_id=f"g{next(self._ids)}"):
+            final = output
+        assert final is not None
+        completion = final.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], ids, strict=True)]
+        return Generation(ids, logprobs, _versions(completion.weight_versions, len(ids), version),
+                          completion.finish_reason)  # fmt: skip
+
+    async def update_weights(self, blob: bytes, version: int, mode: UpdateMode = "wait") -> None:
+        """Switch to the weights in a safetensors blob as policy `version`, atomically between steps."""
+        await self._swap(version, mode, "load_weights_blob", (blob,))
+
+    async def load_weights(self, folder: str | Path, version: int, mode: UpdateMode = "wait") -> None:
+        """Switch to the weights of a safetensors folder as policy `version`."""
+        await self._swap(version, mode, "load_weights_folder", (str(folder),))
+
+    async def _swap(self, version: int, mode: UpdateMode, method: str, args: tuple) -> None:
+        async with self._update_lock:
+            # Paused, the scheduler runs no step: no request ever sees half-loaded weights.
+            await self.llm.pause_generation(mode=mode, clear_cache=True)
+            try:
+                await self.llm.collective_rpc(method, args=args)
+                await self.llm.reset_prefix_cache()
+                await self.llm.update_weight_version(str(version))
+                self.version = version
+            finally:
+                await self.llm.resume_generation()
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+def _versions(spans, count: int, fallback: int) -> list[int]:
+    if not spans:
+        return [fallback] * count
+    versions = [fallback] * count
+    for span in spans:
+        for i in range(span.start, min(span.end, count)):
+            versions[i] = int(span.version)
+    return versions

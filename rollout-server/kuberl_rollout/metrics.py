@@ -1,0 +1,30 @@
+"""Prometheus metrics of a rollout server (names and units in docs/metrics.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+disable_created_metrics()
+_TURN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class RolloutMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.generated_tokens = Counter("kuberl_rollout_generated_tokens_total", "Tokens sampled.", registry=r)
+        self.active_sessions = Gauge("kuberl_rollout_active_sessions", "Episodes running now.", registry=r)
+        self.queued = Gauge("kuberl_rollout_queued_trajectories", "Episodes accepted, not yet started.", registry=r)
+        self.turn_seconds = Histogram(
+            "kuberl_rollout_turn_seconds", "Seconds of one turn, by phase.", ["phase"], buckets=_TURN_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.trajectories = Counter(
+            "kuberl_rollout_trajectories_total", "Finished trajectories by finish reason.", ["reason"], registry=r
+        )
+        self.policy_version = Gauge("kuberl_rollout_policy_version", "Policy version being served.", registry=r)
+        self.weight_sync_seconds = Histogram(
+            "kuberl_rollout_weight_sync_seconds", "Seconds to switch weights (pause to resume).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r,
+        )  # fmt: skip
+        self.weight_sync_bytes = Counter("kuberl_rollout_weight_sync_bytes_total", "Weight bytes received.",
+                                         registry=r)  # fmt: skip

@@ -1,0 +1,81 @@
+"""Assemble a rollout server from an RLJob: engine, chat format, tasks, sandboxes, reward, app."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.types import parse_duration
+from kuberl.modeling.chat import ChatFormat
+from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+from kuberl.rewards import resolve_reward
+from kuberl.storage import local_copy
+from kuberl_rollout.agent import Agent, EpisodeLimits
+from kuberl_rollout.api import RolloutState, create_app
+from kuberl_rollout.engine import EngineConfig, RolloutEngine
+from kuberl_rollout.metrics import RolloutMetrics
+from kuberl_rollout.service import RolloutService
+from kuberl_rollout.weights import BucketAssembler, expected_tensors
+from kuberl_sandbox.client import SandboxClient
+from kuberl_sandbox.suites import load_tasks
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    job: RLJob
+    sandbox_urls: list[str]
+    sandbox_token: str
+    model_path: str | None = None
+    """Overrides spec.model.uri (a local copy already made)."""
+
+
+def episode_limits(job: RLJob) -> EpisodeLimits:
+    env, rollout = job.spec.environment, job.spec.rollout
+    return EpisodeLimits(
+        max_turns=env.max_turns,
+        max_tokens=env.max_tokens_per_trajectory,
+        max_tokens_per_turn=min(rollout.max_tokens_per_turn, env.max_tokens_per_trajectory),
+        turn_timeout_s=parse_duration(env.turn_timeout),
+        trajectory_timeout_s=parse_duration(env.trajectory_timeout),
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+    )
+
+
+def build_app(settings: RolloutSettings) -> FastAPI:
+    spec = settings.job.spec
+    model_path = settings.model_path or str(local_copy(spec.model.uri))
+    dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
+    max_len = spec.rollout.engine.max_model_len or spec.model.max_context_tokens
+    engine = RolloutEngine(EngineConfig(model_path, spec.rollout.engine, dtype, max_len, spec.training.seed))
+
+    async def build_state() -> RolloutState:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        await engine.start()
+        metrics = RolloutMetrics()
+        tasks = load_tasks(spec.environment.name, spec.environment.tasks.uri)
+        agent = Agent(engine, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, episode_limits(settings.job))
+        sandboxes = [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls]
+        service = RolloutService(
+            agent, sandboxes, resolve_reward(spec.reward.function), spec.reward.intermediate_rewards,
+            {t.task_id: t for t in tasks}, spec.rollout.concurrent_sessions, metrics,
+        )  # fmt: skip
+        mode = "keep" if spec.rollout.partial_rollouts else "wait"
+        return RolloutState(service, metrics, spec.model.uri, mode, BucketAssembler(expected_tensors(model_path)))
+
+    return create_app(build_state, shutdown=engine.shutdown)
+
+
+def settings_from_env(job: RLJob, sandbox_urls: list[str], model_path: str | None) -> RolloutSettings:
+    urls = sandbox_urls or [u for u in os.environ.get("KUBERL_SANDBOX_URLS", "").split(",") if u]
+    token = os.environ.get("KUBERL_SANDBOX_TOKEN", "")
+    if not urls:
+        raise ValueError("no sandbox servers: pass --sandbox-url or set KUBERL_SANDBOX_URLS")
+    if not token:
+        raise ValueError("no sandbox token: set KUBERL_SANDBOX_TOKEN")
+    return RolloutSettings(job=job, sandbox_urls=urls, sandbox_token=token, model_path=model_path)

@@ -1,0 +1,139 @@
+"""The work API behind the HTTP endpoints: task groups in, finished trajectories out.
+
+Accepted episodes wait in a bounded backlog (a full backlog answers 429: backpressure, not an unbounded
+queue) and run at most `concurrent_sessions` at a time. Finished trajectories wait in an outbox that the
+learner long-polls. A server that restarts gets a new `boot_id`: groups it no longer knows answer 404,
+which tells the caller exactly which ones to re-submit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from kuberl.api.environment import RewardFunction, Task
+from kuberl.api.trajectory import Trajectory
+from kuberl_rollout.agent import Agent
+from kuberl_rollout.metrics import RolloutMetrics
+from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+
+
+class WorkError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Group:
+    group_id: str
+    task: Task
+    size: int
+    finished: int = 0
+    failed: int = 0
+    cancelled: bool = False
+    episodes: list[asyncio.Task] = field(default_factory=list)
+
+    def describe(self) -> dict[str, object]:
+        return {"groupId": self.group_id, "taskId": self.task.task_id, "size": self.size, "finished": self.finished,
+                "failed": self.failed, "running": self.size - self.finished, "cancelled": self.cancelled}  # fmt: skip
+
+
+class RolloutService:
+    def __init__(
+        self,
+        agent: Agent,
+        sandboxes: list[SandboxClient],
+        reward_fn: RewardFunction,
+        intermediate_rewards: bool,
+        tasks: dict[str, Task],
+        concurrent_sessions: int,
+        metrics: RolloutMetrics,
+        max_backlog: int | None = None,
+    ) -> None:
+        if not sandboxes:
+            raise ValueError("a rollout server needs at least one sandbox server")
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.agent, self.tasks, self.metrics = agent, tasks, metrics
+        agent.observe = lambda phase, seconds: metrics.turn_seconds.labels(phase).observe(seconds)
+        self.reward_fn, self.intermediate_rewards = reward_fn, intermediate_rewards
+        self._sandboxes = itertools.cycle(sandboxes)
+        self._slots = asyncio.Semaphore(concurrent_sessions)
+        self.max_backlog = max_backlog or 8 * concurrent_sessions
+        self.groups: dict[str, Group] = {}
+        self._outbox: deque[Trajectory] = deque()
+        self._arrived = asyncio.Event()
+        self._open_episodes = 0
+
+    def submit(self, task_id: str | None, task: Task | None, size: int, seed: int | None = None) -> Group:
+        """Start `size` episodes of one task as a group."""
+        if task is None:
+            if task_id not in self.tasks:
+                raise WorkError(404, f"unknown task {task_id!r} (this server has {len(self.tasks)} tasks)")
+            task = self.tasks[task_id]
+        if self._open_episodes + size > self.max_backlog:
+            raise WorkError(429, f"backlog full ({self._open_episodes} episodes open, limit {self.max_backlog})")
+        group = Group(group_id=uuid.uuid4().hex, task=task, size=size)
+        self.groups[group.group_id] = group
+        for i in range(size):
+            episode_seed = None if seed is None else seed * 1000 + i
+            group.episodes.append(asyncio.create_task(self._episode(group, episode_seed)))
+        self._open_episodes += size
+        self.metrics.queued.inc(size)
+        return group
+
+    def get(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            raise WorkError(404, f"unknown group {group_id!r} (server boot {self.boot_id}; re-submit it)")
+        return group
+
+    def cancel(self, group_id: str) -> Group:
+        group = self.get(group_id)
+        group.cancelled = True
+        for episode in group.episodes:
+            episode.cancel()
+        return group
+
+    async def take(self, limit: int, wait_s: float) -> list[Trajectory]:
+        """Up to `limit` finished trajectories, waiting up to `wait_s` for the first (long-poll)."""
+        if not self._outbox and wait_s > 0:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout=wait_s)
+        out = []
+        while self._outbox and len(out) < limit:
+            out.append(self._outbox.popleft())
+        return out
+
+    async def _episode(self, group: Group, seed: int | None) -> None:
+        started = False
+        try:
+            async with self._slots:
+                started = True
+                self.metrics.queued.dec()
+                self.metrics.active_sessions.inc()
+                try:
+                    env = SandboxEnvironment(next(self._sandboxes), self.reward_fn, self.intermediate_rewards)
+                    trajectory = await self.agent.run(env, group.task, group.group_id, seed)
+                finally:
+                    self.metrics.active_sessions.dec()
+            self._deliver(group, trajectory)
+        except asyncio.CancelledError:
+            if not started:
+                self.metrics.queued.dec()
+            self.metrics.trajectories.labels("cancelled").inc()
+        finally:
+            self._open_episodes -= 1
+
+    def _deliver(self, group: Group, trajectory: Trajectory) -> None:
+        group.finished += 1
+        group.failed += trajectory.error is not None
+        self.metrics.trajectories.labels(str(trajectory.finish_reason)).inc()
+        self.metrics.generated_tokens.inc(trajectory.generated_tokens)
+        self._outbox.append(trajectory)
+        self._arrived.set()

@@ -1,0 +1,93 @@
+"""Tool-call syntax, the incremental chat format and weight-bucket checks (no engine needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from kuberl.api.environment import ToolCall
+from kuberl.modeling.chat import ChatFormat
+from kuberl.modeling.tiny import build_tokenizer
+from kuberl.modeling.tool_calls import ParseError, format_tool_call, parse_tool_call
+from kuberl_rollout.weights import BucketAssembler, WeightError
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(tasks=40)
+
+
+def test_tool_calls_round_trip():
+    call = ToolCall(name="replace", arguments={"path": "a.py", "old": "a - b", "new": "a + b"})
+    assert parse_tool_call("thinking... " + format_tool_call(call) + " trailing") == call
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("no call here", "no tool call found"),
+        ("<tool_call>{not json}</tool_call>", "not valid JSON"),
+        ('<tool_call>["run_tests"]</tool_call>', 'needs a "name"'),
+        ('<tool_call>{"name": "run", "arguments": 5}</tool_call>', "bad tool call"),
+    ],
+)
+def test_malformed_tool_calls_become_error_observations(text, words):
+    parsed = parse_tool_call(text)
+    assert isinstance(parsed, ParseError) and parsed.message.startswith("error:") and words in parsed.message
+
+
+def test_observation_ids_extend_the_conversation_exactly(tokenizer):
+    """Appending prompt ids + generated ids + observation ids gives the ids of the whole conversation."""
+    chat = ChatFormat(tokenizer)
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Fix calc.py"}]
+    prompt = chat.prompt_ids(messages)
+    generated = tokenizer.encode('<tool_call>{"name": "run_tests"}</tool_call>', add_special_tokens=False)
+    generated.append(tokenizer.eos_token_id)
+    observation = chat.observation_ids("FAILED (failures=1)\n[0/1 tests passed]")
+    whole = [*messages, {"role": "assistant", "content": '<tool_call>{"name": "run_tests"}</tool_call>'},
+             {"role": "tool", "content": "FAILED (failures=1)\n[0/1 tests passed]"}]  # fmt: skip
+    expected = tokenizer.apply_chat_template(whole, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(prompt + generated + observation) == expected
+
+
+def test_chatml_templates_split_too():
+    from transformers import PreTrainedTokenizerFast
+
+    chatml = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(tasks=10).backend_tokenizer, eos_token="<|end|>")
+    chatml.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    assert ChatFormat(chatml)._affixes() == ("<|im_start|>tool\n", "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def blob(**tensors):
+    return save({k: v.contiguous() for k, v in tensors.items()})
+
+
+@pytest.mark.parametrize(
+    ("version", "index", "count", "data", "words"),
+    [
+        (3, 0, 1, blob(**{"w.a": torch.zeros(2, 3)}), "not newer than the served version 3"),
+        (4, 2, 2, blob(**{"w.a": torch.zeros(2, 3)}), "bucket 2 of 2 does not exist"),
+        (4, 0, 1, blob(**{"w.z": torch.zeros(2, 3)}), "unknown weight 'w.z'"),
+        (4, 0, 1, blob(**{"w.a": torch.zeros(3, 2)}), "has shape [3, 2], expected [2, 3]"),
+        (4, 0, 1, b"garbage", "not a safetensors blob"),
+    ],
+)
+def test_bad_weight_buckets_are_refused(version, index, count, data, words):
+    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)})
+    with pytest.raises(WeightError) as err:
+        assembler.add(version, index, count, data, current_version=3)
+    assert words in str(err.value)
+
+
+def test_buckets_assemble_into_one_version():
+    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)})
+    assert not assembler.add(4, 1, 2, blob(**{"w.b": torch.ones(4)}), current_version=0)
+    assert assembler.add(4, 0, 2, blob(**{"w.a": torch.ones(2, 3)}), current_version=0)
+    assert len(assembler.take()) > 0
+    assembler.add(5, 0, 1, blob(**{"w.a": torch.ones(2, 3)}), current_version=4)
+    with pytest.raises(WeightError, match="lacks 1 weights"):
+        assembler.take()

@@ -1,0 +1,52 @@
+"""Supervised fine-tuning on token sequences with a loss mask (the warm-up stage; test fixtures)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def supervised_fit(
+    model_path: str | Path,
+    examples: Sequence[tuple[list[int], list[int]]],
+    out_path: str | Path,
+    steps: int = 200,
+    learning_rate: float = 3e-3,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> list[float]:
+    """Train next-token prediction on the masked positions of `examples`; save to `out_path`.
+
+    Returns the loss of every step.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    pad = tokenizer.pad_token_id or 0
+    losses = []
+    model.train()
+    for _ in range(steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(min(batch_size, len(examples)))]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (tokens, mask) in enumerate(batch):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            attention[row, : len(tokens)] = 1
+            labels[row, : len(tokens)] = torch.where(torch.tensor(mask) == 1, torch.tensor(tokens), -100)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.save_pretrained(out_path, safe_serialization=True)
+    tokenizer.save_pretrained(out_path)
+    return losses
