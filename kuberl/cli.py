@@ -63,24 +63,43 @@ def crds(output: str | None, reference: bool) -> None:
     "--root", default=None, help="Folder for session workspaces [env KUBERL_SANDBOX_ROOT; /tmp/kuberl-sandbox]."
 )
 @click.option("--max-sessions", default=2048, show_default=True, type=int, help="Sessions this process holds.")
-def sandbox(host: str, port: int, root: str | None, max_sessions: int) -> None:
+@click.option("--session-timeout", default="30m", show_default=True, help="Close sessions idle this long (a duration).")
+def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_timeout: str) -> None:
     """Serve isolated code-execution sessions over HTTP (token from KUBERL_SANDBOX_TOKEN)."""
     import dataclasses
 
     import uvicorn
 
+    from kuberl.api.types import parse_duration
     from kuberl_sandbox.api import create_app
     from kuberl_sandbox.execution import namespaces_available
     from kuberl_sandbox.sessions import isolation_problem
     from kuberl_sandbox.settings import SandboxSettings
 
     try:
-        settings = dataclasses.replace(SandboxSettings.from_env(root=root), max_sessions=max_sessions)
+        settings = dataclasses.replace(
+            SandboxSettings.from_env(root=root),
+            max_sessions=max_sessions,
+            session_idle_s=parse_duration(session_timeout),
+        )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if problem := isolation_problem(settings, namespaces_available(settings.uid_base)):
         raise click.UsageError(problem)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
+
+
+@main.command("build-tiny-model")
+@click.argument("path")
+@click.option("--hidden-size", default=128, show_default=True, type=int)
+@click.option("--layers", default=4, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int) -> None:
+    """Write a tiny random Llama and its tokenizer (trained offline on swe-toy) to PATH."""
+    from kuberl.modeling.tiny import build_tiny_model
+
+    folder = build_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=max(1, hidden_size // 32), seed=seed)
+    click.echo(f"wrote {folder}")
 
 
 @main.command("rollout-server")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -121,6 +122,16 @@ class _TooLarge(Exception):
     pass
 
 
+async def reap_idle_sessions(manager: SessionManager) -> None:
+    interval = max(0.2, min(30.0, manager.settings.session_idle_s / 2))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await manager.close_idle()
+        except Exception:  # keep reaping whatever one close did
+            log.exception("closing idle sessions failed")
+
+
 def create_app(settings: SandboxSettings) -> FastAPI:
     """The sandbox server for `settings`; sessions live as long as the app."""
     metrics = SandboxMetrics()
@@ -131,7 +142,9 @@ def create_app(settings: SandboxSettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         manager.prepare()
         app.state.ready = True
+        reaper = asyncio.create_task(reap_idle_sessions(manager))
         yield
+        reaper.cancel()
         await manager.close_all()
 
     app = FastAPI(title="KubeRL sandbox", version="v1", lifespan=lifespan)

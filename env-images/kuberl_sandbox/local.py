@@ -34,7 +34,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_sandbox(max_sessions: int = 2048, ready_timeout: float = 30.0) -> Iterator[SandboxEndpoint]:
+def local_sandbox(
+    max_sessions: int = 2048, ready_timeout: float = 30.0, session_timeout: str = "30m"
+) -> Iterator[SandboxEndpoint]:
     """A `kuberl sandbox` process on 127.0.0.1 with a fresh root folder and token, stopped on exit."""
     base = Path(tempfile.mkdtemp(prefix="kuberl-sbx-", dir="/tmp"))  # /tmp: reachable by session users
     os.chmod(base, 0o711)
@@ -42,7 +44,8 @@ def local_sandbox(max_sessions: int = 2048, ready_timeout: float = 30.0) -> Iter
     log = base / "server.log"
     env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token}
     argv = [sys.executable, "-m", "kuberl.cli", "sandbox", "--host", "127.0.0.1", "--port", str(port),
-            "--root", str(base / "sessions"), "--max-sessions", str(max_sessions)]  # fmt: skip
+            "--root", str(base / "sessions"), "--max-sessions", str(max_sessions),
+            "--session-timeout", session_timeout]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

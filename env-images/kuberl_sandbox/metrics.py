@@ -19,6 +19,9 @@ class SandboxMetrics:
         r = self.registry
         self.sessions_open = Gauge("kuberl_sandbox_sessions_open", "Sessions currently open.", registry=r)
         self.sessions_created = Counter("kuberl_sandbox_sessions_created_total", "Sessions created.", registry=r)
+        self.sessions_expired = Counter(
+            "kuberl_sandbox_sessions_expired_total", "Sessions closed for being idle too long.", registry=r
+        )
         self.commands = Counter("kuberl_sandbox_commands_total", "Commands run.", ["kind"], registry=r)
         self.command_seconds = Histogram(
             "kuberl_sandbox_command_duration_seconds", "Wall-clock seconds of one command.", ["kind"],

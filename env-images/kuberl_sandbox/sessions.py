@@ -59,6 +59,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     actions: list[dict[str, object]] = field(default_factory=list)
     commands: int = 0
+    last_used: float = field(default_factory=time.monotonic)
 
     @property
     def workspace(self) -> Path:
@@ -160,7 +161,17 @@ class SessionManager:
         session = self.sessions.get(session_id)
         if session is None:
             raise SessionError(404, f"unknown session {session_id!r} (closed, expired, or on another server)")
+        session.last_used = time.monotonic()
         return session
+
+    async def close_idle(self) -> int:
+        """Close sessions unused for longer than the idle limit; returns how many."""
+        limit = time.monotonic() - self.settings.session_idle_s
+        idle = [s.session_id for s in self.sessions.values() if s.last_used < limit and not s.lock.locked()]
+        for session_id in idle:
+            await self.close(session_id)
+        self.metrics.sessions_expired.inc(len(idle))
+        return len(idle)
 
     # ------------------------------------------------------------------------------------ tools
     async def execute(self, session: Session, command: str, timeout_s: float | None = None) -> CommandResult:

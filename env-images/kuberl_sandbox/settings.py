@@ -57,6 +57,8 @@ class SandboxSettings:
     """Interpreter sessions see as `python` and `python3`."""
     observation_bytes: int = 4000
     """Tool observations longer than this are cut (the agent's context is precious)."""
+    session_idle_s: float = 1800.0
+    """Sessions unused for this long are closed (callers that vanished must not leak workspaces)."""
     allow_shared_user: bool = False
     """Start even when sessions cannot get users of their own (not root): development only."""
 

@@ -70,6 +70,7 @@ class RolloutState:
     model_name: str
     update_mode: UpdateMode
     assembler: BucketAssembler
+    partial_rollouts: bool = False
 
 
 def create_app(build_state, shutdown=None) -> FastAPI:
@@ -157,8 +158,9 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         engine = s.service.agent.engine
         if not s.assembler.add(version, index, of, blob, engine.version):
             return {"version": version, "received": len(s.assembler.buckets), "of": of, "applied": False}
+        blob = s.assembler.take()
         started = time.monotonic()
-        await engine.update_weights(s.assembler.take(), version, s.update_mode)
+        await s.service.switch_policy(lambda: engine.update_weights(blob, version, s.update_mode), s.partial_rollouts)
         s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
         s.metrics.policy_version.set(version)
         return {"version": version, "received": of, "of": of, "applied": True}
@@ -176,7 +178,8 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         except LocalCopyError as err:
             raise WorkError(400, str(err)) from None
         started = time.monotonic()
-        await engine.load_weights(folder, body.version, s.update_mode)
+        await s.service.switch_policy(lambda: engine.load_weights(folder, body.version, s.update_mode),
+                                      s.partial_rollouts)  # fmt: skip
         s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
         s.metrics.policy_version.set(body.version)
         return {"version": body.version, "applied": True}

@@ -50,6 +50,9 @@ class RolloutEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.version = 0
+        self.kv_cache_usage = 0.0
+        """Fraction of the KV cache in use at the last engine step (from vLLM's scheduler stats)."""
+        self.waiting_requests = 0
         self._llm = None
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
@@ -73,8 +76,9 @@ class RolloutEngine:
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
         )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_recorder(self)])
         await self._llm.update_weight_version(str(self.version))
 
     @property
@@ -146,6 +150,25 @@ class RolloutEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def _stats_recorder(engine: RolloutEngine):
+    """A vLLM stat logger class that copies scheduler stats onto `engine` (for our Prometheus gauges)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SchedulerStatsRecorder(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                engine.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+                engine.waiting_requests = int(scheduler_stats.num_waiting_reqs)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return SchedulerStatsRecorder
 
 
 def _versions(spans, count: int, fallback: int) -> list[int]:

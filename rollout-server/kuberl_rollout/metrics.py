@@ -21,6 +21,10 @@ class RolloutMetrics:
         self.trajectories = Counter(
             "kuberl_rollout_trajectories_total", "Finished trajectories by finish reason.", ["reason"], registry=r
         )
+        self.kv_cache_usage = Gauge("kuberl_rollout_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use.",
+                                    registry=r)  # fmt: skip
+        self.engine_waiting = Gauge("kuberl_rollout_engine_waiting_requests", "Requests waiting in vLLM's scheduler.",
+                                    registry=r)  # fmt: skip
         self.policy_version = Gauge("kuberl_rollout_policy_version", "Policy version being served.", registry=r)
         self.weight_sync_seconds = Histogram(
             "kuberl_rollout_weight_sync_seconds", "Seconds to switch weights (pause to resume).",

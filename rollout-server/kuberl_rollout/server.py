@@ -58,6 +58,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         await engine.start()
         metrics = RolloutMetrics()
+        metrics.kv_cache_usage.set_function(lambda: engine.kv_cache_usage)
+        metrics.engine_waiting.set_function(lambda: engine.waiting_requests)
         tasks = load_tasks(spec.environment.name, spec.environment.tasks.uri)
         agent = Agent(engine, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, episode_limits(settings.job))
         sandboxes = [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls]
@@ -65,8 +67,10 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             agent, sandboxes, resolve_reward(spec.reward.function), spec.reward.intermediate_rewards,
             {t.task_id: t for t in tasks}, spec.rollout.concurrent_sessions, metrics,
         )  # fmt: skip
-        mode = "keep" if spec.rollout.partial_rollouts else "wait"
-        return RolloutState(service, metrics, spec.model.uri, mode, BucketAssembler(expected_tensors(model_path)))
+        partial = spec.rollout.partial_rollouts
+        mode = "keep" if partial else "wait"
+        assembler = BucketAssembler(expected_tensors(model_path))
+        return RolloutState(service, metrics, spec.model.uri, mode, assembler, partial_rollouts=partial)
 
     return create_app(build_state, shutdown=engine.shutdown)
 

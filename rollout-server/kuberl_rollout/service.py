@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kuberl.api.environment import RewardFunction, Task
@@ -68,6 +69,10 @@ class RolloutService:
         self._outbox: deque[Trajectory] = deque()
         self._arrived = asyncio.Event()
         self._open_episodes = 0
+        self._running = 0
+        self._may_start = asyncio.Event()
+        self._may_start.set()
+        self._idle = asyncio.Condition()
 
     def submit(self, task_id: str | None, task: Task | None, size: int, seed: int | None = None) -> Group:
         """Start `size` episodes of one task as a group."""
@@ -99,6 +104,21 @@ class RolloutService:
             episode.cancel()
         return group
 
+    async def switch_policy(self, apply: Callable[[], Awaitable[None]], partial_rollouts: bool) -> None:
+        """Run `apply` (a weight swap). Without partial rollouts, episodes in flight finish on the old
+        weights first and new ones wait, so no trajectory mixes policy versions; with them, the swap is
+        immediate and every token keeps the version that sampled it."""
+        if partial_rollouts:
+            await apply()
+            return
+        self._may_start.clear()
+        try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._running == 0)
+            await apply()
+        finally:
+            self._may_start.set()
+
     async def take(self, limit: int, wait_s: float) -> list[Trajectory]:
         """Up to `limit` finished trajectories, waiting up to `wait_s` for the first (long-poll)."""
         if not self._outbox and wait_s > 0:
@@ -114,7 +134,9 @@ class RolloutService:
         started = False
         try:
             async with self._slots:
+                await self._may_start.wait()
                 started = True
+                self._running += 1
                 self.metrics.queued.dec()
                 self.metrics.active_sessions.inc()
                 try:
@@ -122,6 +144,9 @@ class RolloutService:
                     trajectory = await self.agent.run(env, group.task, group.group_id, seed)
                 finally:
                     self.metrics.active_sessions.dec()
+                    self._running -= 1
+                    async with self._idle:
+                        self._idle.notify_all()
             self._deliver(group, trajectory)
         except asyncio.CancelledError:
             if not started:

@@ -143,3 +143,9 @@ def test_reads_stdin_and_quiet_prints_nothing_for_valid_documents():
 def test_no_arguments_is_a_usage_error():
     result = kuberl("validate")
     assert result.returncode == 2 and "Missing argument" in result.stderr
+
+
+def test_build_tiny_model_writes_a_loadable_model(tmp_path):
+    result = kuberl("build-tiny-model", str(tmp_path / "tiny"), "--hidden-size", "64", "--layers", "1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()

@@ -224,7 +224,23 @@ def test_a_weight_update_switches_greedy_outputs_atomically(world):
         assert len(versions) == 1 and answer["token_ids"] == expected[versions.pop()][: len(answer["token_ids"])]
     assert greedy(url, prompt)["token_ids"] == after_expected.tolist()
     assert httpx.get(url + "/v1/policy").json()["version"] == 1
-    assert "kuberl_rollout_weight_sync_seconds_count 1.0" in httpx.get(url + "/metrics").text
+    metrics = httpx.get(url + "/metrics").text
+    assert (
+        "kuberl_rollout_weight_sync_seconds_count 1.0" in metrics and "kuberl_rollout_kv_cache_usage_ratio" in metrics
+    )
+
+
+def test_without_partial_rollouts_no_trajectory_mixes_policy_versions(world):
+    url = world["url"]
+    model = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
+    httpx.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 4})
+    update = httpx.put(url + "/v1/weights/2/buckets/0", params={"of": 1}, timeout=120,
+                       content=save({k: v.contiguous() for k, v in model.state_dict().items()}))  # fmt: skip
+    assert update.json()["applied"] is True
+    for t in collect(url, 4):
+        versions = {v for v, m in zip(t["policyVersions"], t["lossMask"], strict=True) if m}
+        assert len(versions) == 1, versions
+    assert httpx.get(url + "/v1/policy").json()["version"] == 2
 
 
 def test_a_killed_sandbox_fails_trajectories_with_a_reason_and_never_hangs(world):

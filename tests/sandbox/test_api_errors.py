@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -112,3 +114,16 @@ def test_closing_twice_is_a_404(http):
 def test_no_error_was_a_500(sandbox):
     metrics = httpx.get(sandbox.url + "/metrics").text
     assert 'kuberl_sandbox_errors_total{reason="500"}' not in metrics
+
+
+def test_idle_sessions_are_closed():
+    from kuberl_sandbox.local import local_sandbox
+
+    with local_sandbox(session_timeout="1s") as server:
+        headers = {"Authorization": f"Bearer {server.token}"}
+        sid = httpx.post(server.url + "/v1/sessions", json={"task": TASK}, headers=headers).json()["sessionId"]
+        assert httpx.get(f"{server.url}/v1/sessions/{sid}", headers=headers).status_code == 200
+        time.sleep(2.5)
+        assert httpx.get(f"{server.url}/v1/sessions/{sid}", headers=headers).status_code == 404
+        assert "kuberl_sandbox_sessions_expired_total 1.0" in httpx.get(server.url + "/metrics").text
+        assert not (server.root / sid).exists()

