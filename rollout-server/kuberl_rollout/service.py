@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 
 from kuberl.api.environment import RewardFunction, Task
 from kuberl.api.trajectory import Trajectory
+from kuberl.errors import ServiceError
 from kuberl_rollout.agent import Agent
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
 
 
-class WorkError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+class WorkError(ServiceError):
+    """A work-API request that cannot be served."""
 
 
 @dataclass
