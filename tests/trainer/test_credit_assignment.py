@@ -42,7 +42,7 @@ def setup(tmp_path_factory):
     chat = ChatFormat(tokenizer)
 
     def action(call: ToolCall) -> list[int]:
-        return tokenizer.encode(format_tool_call(call), add_special_tokens=False) + [tokenizer.eos_token_id]
+        return [*tokenizer.encode(format_tool_call(call), add_special_tokens=False), tokenizer.eos_token_id]
 
     prompt = chat.prompt_ids([{"role": "system", "content": SWE_SYSTEM_PROMPT},
                               {"role": "user", "content": "The tests in test_geo.py fail. Fix geo.py."}])  # fmt: skip
