@@ -1,0 +1,33 @@
+"""torch.distributed set-up: gloo on CPU, NCCL on GPU, the same code either way (launched by torchrun)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """(rank, world size, device); initialises the process group when launched by torchrun."""
+    if "RANK" not in os.environ:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    return rank, dist.get_world_size(), device
+
+
+def all_reduce_sum(value: float) -> float:
+    """Sum of `value` over ranks (itself when not distributed)."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return float(tensor.item())

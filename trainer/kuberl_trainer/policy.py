@@ -1,0 +1,38 @@
+"""Load the policy and wrap it with FSDP2: `fully_shard` per decoder block, then the root."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from kuberl.api.spec import FsdpSpec
+
+
+def load_policy(model_path: str, fsdp: FsdpSpec, device: torch.device):
+    """A Hugging Face causal LM in float32 master weights, sharded when a process group exists."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.config.use_cache = False
+    if fsdp.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    if not dist.is_initialized():
+        return model
+    options = {}
+    if device.type == "cuda" and fsdp.mixed_precision:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if fsdp.cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy()
+    for block in _decoder_blocks(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def _decoder_blocks(model) -> list[torch.nn.Module]:
+    blocks = getattr(getattr(model, "model", None), "layers", None)
+    if blocks is None:
+        raise ValueError(f"{type(model).__name__} has no model.layers: cannot shard it block by block")
+    return list(blocks)
