@@ -1,0 +1,1 @@
+"""Checkpoints: one prefix per step, written completely before a manifest that marks it complete."""
