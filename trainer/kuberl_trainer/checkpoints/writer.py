@@ -1,0 +1,127 @@
+"""Saving and restoring the learner's state with torch.distributed.checkpoint, without stalling training.
+
+`save()` snapshots model and optimizer shards to CPU memory and returns at once (DCP `async_save`);
+a background thread then waits for the local write, uploads the step's folder to the store, writes the
+manifest last and prunes old checkpoints. Every rank writes its own shards; rank 0 also writes the
+training state (step, policy version, RNG states, task cursor, untrained trajectories) and uploads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from kuberl_trainer.checkpoints.store import CheckpointStore, Manifest
+
+TRAINING_STATE = "training_state.json"
+
+
+@dataclass
+class TrainingState:
+    """What besides the weights a resumed run needs to continue exactly where it stopped."""
+
+    step: int
+    policy_version: int
+    task_cursor: int = 0
+    pending_trajectories: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state().tolist(), "python": random.getstate()[1][:625],
+            "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}  # fmt: skip
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+
+
+class Checkpointer:
+    """Asynchronous checkpoints of one learner into a CheckpointStore."""
+
+    def __init__(self, store: CheckpointStore, staging: Path, keep: int, rank: int = 0) -> None:
+        self.store, self.staging, self.keep, self.rank = store, staging, keep, rank
+        self._upload: threading.Thread | None = None
+        self._dcp_future: Future | None = None
+        self.blocked_seconds: list[float] = []
+        self.last_complete: Manifest | None = None
+        self.error: BaseException | None = None
+
+    def save(self, model, optimizer, state: TrainingState) -> None:
+        """Start a checkpoint of this step; returns once training may continue."""
+        self.wait()  # one checkpoint in flight at a time
+        started = time.monotonic()
+        folder = self.staging / CheckpointStore.directory(state.step)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        model_state, optim_state = get_state_dict(model, optimizer)
+        self._dcp_future = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+        (folder / f"rng-rank{self.rank}.json").write_text(json.dumps(_rng_state()))
+        if self.rank == 0:
+            (folder / TRAINING_STATE).write_text(json.dumps(state.__dict__))
+        self.blocked_seconds.append(time.monotonic() - started)
+        self._upload = threading.Thread(target=self._finish, args=(folder, state), daemon=True)
+        self._upload.start()
+
+    def _finish(self, folder: Path, state: TrainingState) -> None:
+        try:
+            assert self._dcp_future is not None
+            self._dcp_future.result()
+            if dist.is_initialized():
+                # every rank's shards are on the shared staging folder before rank 0 uploads
+                dist.barrier()
+            if self.rank == 0:
+                self.last_complete = self.store.save(state.step, state.policy_version, folder)
+                self.store.prune(self.keep)
+            shutil.rmtree(folder, ignore_errors=True)
+        except BaseException as err:  # reported to the training loop by wait()
+            self.error = err
+
+    def wait(self) -> None:
+        """Block until the checkpoint in flight is complete (or raise its error)."""
+        if self._upload is not None:
+            self._upload.join()
+            self._upload = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def restore(self, model, optimizer) -> TrainingState | None:
+        """Load the newest complete checkpoint into model and optimizer; None when there is none."""
+        manifest = self.store.newest()
+        if manifest is None:
+            return None
+        folder = self.staging / f"restore-{manifest.step}"
+        if self.rank == 0 or not dist.is_initialized():
+            shutil.rmtree(folder, ignore_errors=True)
+            self.store.download(manifest, folder)
+        if dist.is_initialized():
+            dist.barrier()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        loaded = {"model": model_state, "optim": optim_state}
+        dcp.load(loaded, checkpoint_id=str(folder))
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+        rng = folder / f"rng-rank{self.rank}.json"
+        if rng.exists():
+            _set_rng_state(json.loads(rng.read_text()))
+        state = TrainingState(**json.loads((folder / TRAINING_STATE).read_text()))
+        self.last_complete = manifest
+        return state
+
+
+def staging_folder(job: str) -> Path:
+    """Local staging for checkpoint shards (shared by the ranks of one machine)."""
+    return Path(os.environ.get("KUBERL_STAGING", f"/tmp/kuberl-staging-{job}"))
