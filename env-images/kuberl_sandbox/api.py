@@ -274,7 +274,7 @@ def create_app(settings: SandboxSettings) -> FastAPI:
     async def snapshot(session_id: str) -> Snapshot:
         session = manager.get(session_id)
         async with session.lock:
-            return manager.snapshot(session)
+            return await asyncio.to_thread(manager.snapshot, session)
 
     @app.delete("/v1/sessions/{session_id}", dependencies=auth, status_code=204)
     async def close_session(session_id: str) -> None:

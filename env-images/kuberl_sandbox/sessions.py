@@ -120,13 +120,16 @@ class SessionManager:
         """A new session rebuilt from a snapshot taken on any server; its checksum must match."""
         session = self._new_session(task, None)
         try:
-            ws.extract(snapshot.data, session.workspace, session.owner, self.settings.max_body_bytes * 8)
+            # archives can be large: unpack off the event loop so other sessions keep being served
+            await asyncio.to_thread(
+                ws.extract, snapshot.data, session.workspace, session.owner, self.settings.max_body_bytes * 8
+            )
             for path, content in task.hidden_tests.items():
                 ws.write_text(session.home / HIDDEN_DIR, path, content, None)
         except ws.WorkspaceError as err:
             self._remove(session)
             raise SessionError(400, str(err)) from None
-        actual = ws.checksum(session.workspace)
+        actual = await asyncio.to_thread(ws.checksum, session.workspace)
         if actual != snapshot.checksum:
             self._remove(session)
             raise SessionError(409, f"restored workspace checksum {actual[:12]} != snapshot {snapshot.checksum[:12]}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -174,7 +175,7 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         if body.version <= engine.version:
             raise WeightError(f"version {body.version} is not newer than the served version {engine.version}")
         try:
-            folder = local_copy(body.uri)
+            folder = await asyncio.to_thread(local_copy, body.uri)  # an S3 download must not stall serving
         except LocalCopyError as err:
             raise WorkError(400, str(err)) from None
         started = time.monotonic()
