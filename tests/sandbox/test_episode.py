@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 
@@ -75,3 +76,16 @@ def test_metrics_count_sessions_and_commands(sandbox):
         "kuberl_sandbox_command_timeouts_total",
     ):
         assert name in text, name
+
+
+def test_test_output_is_the_same_for_the_same_workspace(sandbox):
+    async def twice():
+        client = SandboxClient(sandbox.url, sandbox.token)
+        sid = (await client.create_session(TASKS[4]))["sessionId"]
+        outputs = [(await client.run_tests(sid))["output"] for _ in range(2)]
+        await client.close(sid)
+        await client.aclose()
+        return outputs
+
+    first, second = asyncio.run(twice())
+    assert first == second and re.search(r"^Ran \d+ tests?$", first, re.MULTILINE) and " in 0." not in first
