@@ -1,4 +1,5 @@
-"""FSDP2 on 2 CPU processes (gloo, under torchrun) trains exactly like 1 process on the same global batch."""
+"""FSDP2 on 2 CPU processes (gloo, under torchrun) trains exactly like 1 process on the same global batch,
+and the consolidated export of the sharded policy is that trained model."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import json
 import subprocess
 
 import pytest
+import torch
 from conftest import REPO
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from kuberl.modeling.tiny import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
 
-def run(world: int, model, out) -> list[float]:
+def run(world: int, model, folder) -> list[float]:
+    out, export = folder / f"world{world}.json", folder / f"export{world}"
     argv = [str(REPO / ".venv/bin/torchrun"), "--standalone", "--nproc_per_node", str(world),
-            "-m", "kuberl_trainer.equivalence", str(model), str(out)]  # fmt: skip
+            "-m", "kuberl_trainer.equivalence", str(model), str(out), str(export)]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -23,8 +28,24 @@ def run(world: int, model, out) -> list[float]:
     return report["losses"]
 
 
-def test_two_ranks_give_the_loss_trajectory_of_one(tmp_path):
-    model = build_tiny_model(tmp_path / "m", hidden_size=64, layers=2, seed=5)
-    one, two = run(1, model, tmp_path / "one.json"), run(2, model, tmp_path / "two.json")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fsdp")
+    model = build_tiny_model(folder / "m", hidden_size=64, layers=2, seed=5)
+    return model, folder, run(1, model, folder), run(2, model, folder)
+
+
+def test_two_ranks_give_the_loss_trajectory_of_one(runs):
+    _, _, one, two = runs
     assert len(one) == 3 and one[0] != one[-1]  # it trains
     assert one == pytest.approx(two, abs=1e-5)
+
+
+def test_the_consolidated_export_of_the_sharded_policy_is_the_trained_model(runs):
+    model, folder, _, _ = runs
+    one, two = load_file(folder / "export1" / "model.safetensors"), load_file(folder / "export2" / "model.safetensors")
+    initial = load_file(model / "model.safetensors")
+    assert one.keys() == two.keys() == initial.keys()
+    assert all(torch.allclose(one[k], two[k], atol=1e-5) for k in one)  # gathered shards = the 1-rank model
+    assert any(not torch.equal(one[k], initial[k]) for k in one)  # and it is the trained one
+    AutoModelForCausalLM.from_pretrained(folder / "export2")  # loads as a Hugging Face folder

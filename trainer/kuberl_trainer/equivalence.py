@@ -1,6 +1,6 @@
 """Self-check run under torchrun: a few steps of a fixed global batch, sharded over the ranks.
 
-    torchrun --standalone --nproc_per_node 2 -m kuberl_trainer.equivalence MODEL_DIR OUT.json
+    torchrun --standalone --nproc_per_node 2 -m kuberl_trainer.equivalence MODEL_DIR OUT.json [EXPORT_DIR]
 
 Rank 0 writes the loss of every step; any world size must write the same numbers (the tests compare
 1 and 2 processes; benchmarks/gpu_check.py reuses it on CUDA).
@@ -16,6 +16,7 @@ import torch
 from kuberl.api.spec import FsdpSpec
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.distributed import init_distributed
+from kuberl_trainer.export import export_policy
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import TokenBatch, train_step
 
@@ -32,7 +33,7 @@ def global_batch(vocab: int) -> TokenBatch:
                       torch.linspace(-1, 1, GLOBAL_BATCH)[:, None].expand(GLOBAL_BATCH, LENGTH).clone())  # fmt: skip
 
 
-def main(model_dir: str, out: str) -> None:
+def main(model_dir: str, out: str, export_dir: str | None = None) -> None:
     rank, world, device = init_distributed()
     torch.manual_seed(0)
     model = load_policy(model_dir, FsdpSpec(activation_checkpointing=False), device)
@@ -42,10 +43,12 @@ def main(model_dir: str, out: str) -> None:
     shard = TokenBatch(*(getattr(full, f)[rows].to(device) for f in TokenBatch.__dataclass_fields__))
     losses = [train_step(model, optimizer, shard, LossConfig(off_policy="tis"), 1.0, world)["loss"]
               for _ in range(STEPS)]  # fmt: skip
+    if export_dir:
+        export_policy(model, model_dir, export_dir, rank)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"world_size": world, "losses": losses}, f)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
