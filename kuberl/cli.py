@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -123,6 +124,31 @@ def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str,
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
+
+
+@main.command()
+@click.argument("job_file", metavar="JOB.yaml")
+@click.option("--rollout-url", "rollout_urls", multiple=True, required=True, help="Rollout server URL (repeat).")
+@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
+@click.option("--run-dir", default=None, help="Where metrics.jsonl and local checkpoints go [runs/<job>].")
+def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None, run_dir: str | None) -> None:
+    """Train the RLJob's policy from rollouts (sync mode, one process; launch with torchrun for FSDP)."""
+    from pathlib import Path
+
+    from kuberl.storage import local_copy
+    from kuberl.validation import ManifestError, load_rljob
+    from kuberl_sandbox.suites import load_tasks
+    from kuberl_trainer.learner import run_learner
+
+    try:
+        job = load_rljob(job_file)
+        env = job.spec.environment
+        task_ids = [t.task_id for t in load_tasks(env.name, env.tasks.uri, str(env.tasks.split))]
+        model = model_path or str(local_copy(job.spec.model.uri))
+    except (ManifestError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    folder = Path(run_dir or f"runs/{job.name}")
+    run_learner(job, list(rollout_urls), model, folder, task_ids, log=lambda line: click.echo(json.dumps(line)))
 
 
 if __name__ == "__main__":

@@ -33,3 +33,16 @@ def export_policy(model, source_model_dir: str | Path, target: str | Path, rank:
 
 def state_dict_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if isinstance(p, torch.Tensor))
+
+
+def policy_blob(model) -> bytes:
+    """The full policy as one safetensors blob (Hugging Face names), for a rollout server's weight upload."""
+    from safetensors.torch import save
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options) if dist.is_initialized() else model.state_dict()
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    return save(tensors)
