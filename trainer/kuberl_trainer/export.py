@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 
@@ -29,10 +28,6 @@ def export_policy(model, source_model_dir: str | Path, target: str | Path, rank:
         if item.suffix != ".safetensors" and item.name != "model.safetensors.index.json" and item.is_file():
             shutil.copy2(item, target / item.name)
     return target
-
-
-def state_dict_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters() if isinstance(p, torch.Tensor))
 
 
 def policy_blob(model) -> bytes:
