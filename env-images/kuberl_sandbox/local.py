@@ -50,25 +50,26 @@ def local_sandbox(
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_until_ready(url + "/readyz", proc, log, ready_timeout)
+        wait_until_ready(url + "/readyz", proc, log, ready_timeout)
         yield SandboxEndpoint(url=url, token=token, root=base / "sessions", pid=proc.pid)
     finally:
         _stop(proc)
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _wait_until_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+def wait_until_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Poll `url` until it answers 200; raise with the end of `log` if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"sandbox server exited with {proc.returncode}:\n{log.read_text()}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise TimeoutError(f"sandbox server at {url} not ready after {timeout}s:\n{log.read_text()}")
+    raise TimeoutError(f"{url} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:

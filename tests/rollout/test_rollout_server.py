@@ -24,7 +24,7 @@ from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.rewards import resolve_reward
 from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
-from kuberl_sandbox.local import free_port, local_sandbox
+from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
 from kuberl_sandbox.suites.swe_toy import generate
 from kuberl_trainer.demonstrations import record_demonstration
 from kuberl_trainer.sft import supervised_fit
@@ -77,15 +77,7 @@ def world(tmp_path_factory):
                 "127.0.0.1", "--port", str(port), "--sandbox-url", sandbox.url]  # fmt: skip
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (folder / "rollout.log").read_text()[-3000:]
-            try:
-                if httpx.get(url + "/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_until_ready(url + "/readyz", proc, folder / "rollout.log", timeout=180)
         try:
             yield {"url": url, "sandbox": sandbox, "policy": folder / "policy", "tokenizer": tokenizer,
                    "demonstration": demonstration}  # fmt: skip

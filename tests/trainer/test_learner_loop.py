@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import yaml
 
 from kuberl.modeling.tiny import build_tiny_model
-from kuberl_sandbox.local import free_port, local_sandbox
+from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
 from kuberl_trainer.checkpoints.store import CheckpointStore
 
 pytestmark = pytest.mark.slow
@@ -49,15 +48,7 @@ def test_two_sync_steps_train_publish_and_checkpoint(tmp_path):
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                assert rollout.poll() is None and time.monotonic() < deadline, (tmp_path / "rollout.log").read_text()
-                try:
-                    if httpx.get(url + "/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_until_ready(url + "/readyz", rollout, tmp_path / "rollout.log", timeout=180)
             learner = subprocess.run(
                 [sys.executable, "-m", "kuberl.cli", "learner", str(tmp_path / "job.yaml"), "--rollout-url", url,
                  "--run-dir", str(tmp_path / "run")],
