@@ -130,9 +130,18 @@ def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str,
 @click.argument("job_file", metavar="JOB.yaml")
 @click.option("--rollout-url", "rollout_urls", multiple=True, required=True, help="Rollout server URL (repeat).")
 @click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
-@click.option("--run-dir", default=None, help="Where metrics.jsonl and local checkpoints go [runs/<job>].")
-def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None, run_dir: str | None) -> None:
-    """Train the RLJob's policy from rollouts (sync mode, one process; launch with torchrun for FSDP)."""
+@click.option("--run-dir", default=None, help="Where metrics.jsonl, status.json and local checkpoints go [runs/<job>].")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port (rank 0).")
+def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None, run_dir: str | None,
+            metrics_port: int | None) -> None:  # fmt: skip
+    """Train the RLJob's policy from rollouts. Launch with torchrun for FSDP over several processes:
+
+    torchrun --nproc_per_node N -m kuberl.cli learner JOB.yaml --rollout-url URL
+
+    Stops at training.totalSteps or a limit of spec.limits, or on SIGTERM, with a final checkpoint; the
+    reason is in RUN_DIR/status.json. KUBERL_JOB_STARTED_AT (Unix seconds) sets when the job's wall clock
+    started (default: now)."""
+    import os
     from pathlib import Path
 
     from kuberl.storage import local_copy
@@ -145,10 +154,12 @@ def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None
         env = job.spec.environment
         task_ids = [t.task_id for t in load_tasks(env.name, env.tasks.uri, str(env.tasks.split))]
         model = model_path or str(local_copy(job.spec.model.uri))
+        started = float(os.environ["KUBERL_JOB_STARTED_AT"]) if os.environ.get("KUBERL_JOB_STARTED_AT") else None
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     folder = Path(run_dir or f"runs/{job.name}")
-    run_learner(job, list(rollout_urls), model, folder, task_ids, log=lambda line: click.echo(json.dumps(line)))
+    run_learner(job, list(rollout_urls), model, folder, task_ids, log=lambda line: click.echo(json.dumps(line)),
+                metrics_port=metrics_port, job_started_at=started)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,10 +94,20 @@ class SandboxClient:
 class SandboxEnvironment:
     """One agent episode in a sandbox session, scored by a reward function (the environment protocol)."""
 
-    def __init__(self, client: SandboxClient, reward_fn: RewardFunction, intermediate_rewards: bool = False) -> None:
+    def __init__(
+        self,
+        client: SandboxClient,
+        reward_fn: RewardFunction,
+        intermediate_rewards: bool = False,
+        process_reward: RewardFunction | None = None,
+        process_weight: float = 0.0,
+    ) -> None:
         self.client = client
         self.reward_fn = reward_fn
         self.intermediate_rewards = intermediate_rewards
+        # Scores every non-final step; `process_weight` times its score is added to the step's reward.
+        self.process_reward = process_reward
+        self.process_weight = process_weight
         self.session_id: str | None = None
         self.task: Task | None = None
         self.actions: list[ToolCall] = []
@@ -111,15 +121,25 @@ class SandboxEnvironment:
         return created["observation"]
 
     async def step(self, action: ToolCall) -> StepResult:
-        """Apply an action; the result carries the intermediate or (when done) the final reward."""
+        """Apply an action; the result carries the final reward when done, else the intermediate reward plus the
+        weighted process score (reward None when neither is enabled)."""
         result = await self.client.step(self._session(), action)
         self.actions.append(action)
         self.results.append(result)
         if result.done:
             return result.model_copy(update={"reward": self.final_reward()})
-        if self.intermediate_rewards:
-            return result.model_copy(update={"reward": self.reward_fn(self._context(final=False))})
+        if self.intermediate_rewards or self.process_reward is not None:
+            return result.model_copy(update={"reward": self._step_reward()})
         return result
+
+    def _step_reward(self) -> float | None:
+        """The intermediate reward (if enabled) plus `process_weight` times the process score (if any)."""
+        context = self._context(final=False)
+        intermediate = self.reward_fn(context) if self.intermediate_rewards else None
+        if self.process_reward is None:
+            return intermediate
+        score = self.process_reward(context)
+        return (intermediate or 0.0) + self.process_weight * (score or 0.0)
 
     def final_reward(self) -> float:
         """The outcome reward of the episode so far (0 for an episode cut off before submitting)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from kuberl.api.environment import RewardFunction
 from kuberl.api.rljob import RLJob
 from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
@@ -45,8 +46,35 @@ def episode_limits(job: RLJob) -> EpisodeLimits:
     )
 
 
+@dataclass(frozen=True)
+class Rewards:
+    """spec.reward resolved to the callables that score an episode."""
+
+    function: RewardFunction
+    intermediate_rewards: bool
+    process_reward: RewardFunction | None = None
+    process_weight: float = 0.0
+
+
+def resolve_rewards(job: RLJob) -> Rewards:
+    """The job's reward functions; ValueError (shown as a usage error) for an unknown or unsupported one."""
+    reward = job.spec.reward
+    process = reward.process_reward
+    if process.enabled and process.model_uri is not None:
+        raise ValueError(
+            "spec.reward.processReward.modelUri: process reward models are not supported yet; "
+            "use spec.reward.processReward.function (a registered name or module:function) instead"
+        )
+    # validation guarantees an enabled process reward without a modelUri has a function
+    process_fn = resolve_reward(process.function) if process.enabled and process.function else None
+    return Rewards(
+        resolve_reward(reward.function), reward.intermediate_rewards, process_fn, process.weight if process_fn else 0.0
+    )
+
+
 def build_app(settings: RolloutSettings) -> FastAPI:
     spec = settings.job.spec
+    rewards = resolve_rewards(settings.job)  # before the model copy and engine: bad config fails at once
     model_path = settings.model_path or str(local_copy(spec.model.uri))
     dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
     max_len = spec.rollout.engine.max_model_len or spec.model.max_context_tokens
@@ -64,8 +92,9 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         agent = Agent(engine, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, episode_limits(settings.job))
         sandboxes = [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls]
         service = RolloutService(
-            agent, sandboxes, resolve_reward(spec.reward.function), spec.reward.intermediate_rewards,
+            agent, sandboxes, rewards.function, rewards.intermediate_rewards,
             {t.task_id: t for t in tasks}, spec.rollout.concurrent_sessions, metrics,
+            process_reward=rewards.process_reward, process_weight=rewards.process_weight,
         )  # fmt: skip
         partial = spec.rollout.partial_rollouts
         mode = "keep" if partial else "wait"

@@ -54,6 +54,8 @@ class RolloutService:
         concurrent_sessions: int,
         metrics: RolloutMetrics,
         max_backlog: int | None = None,
+        process_reward: RewardFunction | None = None,
+        process_weight: float = 0.0,
     ) -> None:
         if not sandboxes:
             raise ValueError("a rollout server needs at least one sandbox server")
@@ -61,6 +63,7 @@ class RolloutService:
         self.agent, self.tasks, self.metrics = agent, tasks, metrics
         agent.observe = lambda phase, seconds: metrics.turn_seconds.labels(phase).observe(seconds)
         self.reward_fn, self.intermediate_rewards = reward_fn, intermediate_rewards
+        self.process_reward, self.process_weight = process_reward, process_weight
         self._sandboxes = itertools.cycle(sandboxes)
         self._slots = asyncio.Semaphore(concurrent_sessions)
         self.max_backlog = max_backlog or 8 * concurrent_sessions
@@ -139,7 +142,10 @@ class RolloutService:
                 self.metrics.queued.dec()
                 self.metrics.active_sessions.inc()
                 try:
-                    env = SandboxEnvironment(next(self._sandboxes), self.reward_fn, self.intermediate_rewards)
+                    env = SandboxEnvironment(
+                        next(self._sandboxes), self.reward_fn, self.intermediate_rewards,
+                        self.process_reward, self.process_weight,
+                    )  # fmt: skip
                     trajectory = await self.agent.run(env, group.task, group.group_id, seed)
                 finally:
                     self.metrics.active_sessions.dec()

@@ -24,10 +24,19 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return rank, dist.get_world_size(), device
 
 
-def all_reduce_sum(value: float) -> float:
-    """Sum of `value` over ranks (itself when not distributed)."""
+def all_reduce_sums(values: list[float]) -> list[float]:
+    """Elementwise sums of `values` over ranks, in one collective (themselves when not distributed)."""
+    if not dist.is_initialized():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def broadcast_object(value, src: int = 0):
+    """`value` from rank `src` on every rank (itself when not distributed); any picklable object."""
     if not dist.is_initialized():
         return value
-    tensor = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

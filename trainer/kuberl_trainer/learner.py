@@ -1,110 +1,263 @@
-"""The learner's RL loop (sync mode, one process for now): hand task groups to the rollout servers,
-gather the finished trajectories, compute advantages, train one step, publish the new weights with their
-version, checkpoint, and log a line of metrics per step."""
+"""The learner's RL loop, run by every rank under torchrun (or alone).
+
+Rank 0 drives: it keeps task groups in flight on the rollout servers (`RolloutFeed`), cuts a batch,
+and broadcasts it. Every rank trains its rows of the batch with the FSDP-sharded policy; the new
+weights are gathered and rank 0 publishes them as the next policy version. Checkpoints are taken every
+interval (asynchronously) and once more when the learner stops: at training.totalSteps, at a limit of
+spec.limits (`breakers.stop_for`), or on SIGTERM/SIGINT. Every step appends a line to
+`metrics.jsonl`, updates the Prometheus metrics and rewrites `status.json`.
+"""
 
 from __future__ import annotations
 
-import itertools
 import json
+import math
+import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import torch
 
 from kuberl.api.rljob import RLJob
-from kuberl.api.trajectory import Trajectory
+from kuberl.api.spec import TrainingMode
+from kuberl.api.status import Phase
 from kuberl_trainer.algorithms.losses import LossConfig
-from kuberl_trainer.batching import collate, token_advantages
+from kuberl_trainer.batching import collate, group_advantages, shard, uses_value_head, with_gae
+from kuberl_trainer.breakers import Progress, Stop, stop_for
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
-from kuberl_trainer.distributed import init_distributed
+from kuberl_trainer.distributed import broadcast_object, init_distributed
 from kuberl_trainer.export import policy_blob
+from kuberl_trainer.learner_metrics import PHASES, LearnerMetrics, StatusFile
 from kuberl_trainer.policy import load_policy
-from kuberl_trainer.step import train_step
+from kuberl_trainer.publisher import WeightPublisher
+from kuberl_trainer.rollout_client import RolloutClient
+from kuberl_trainer.rollout_feed import Batch, FeedState, RolloutFeed
+from kuberl_trainer.step import predict, train_step
 
 
-class RolloutClient:
-    """The work API of the rollout servers (round robin over them)."""
+class StopSignal:
+    """SIGTERM / SIGINT ask for a clean stop (a final checkpoint), not an abrupt exit."""
 
-    def __init__(self, urls: list[str], timeout: float = 600.0) -> None:
-        self.http = [httpx.Client(base_url=u, timeout=timeout) for u in urls]
-        self._next = itertools.cycle(self.http)
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
 
-    def submit(self, task_id: str, size: int, seed: int) -> None:
-        r = next(self._next).post("/v1/groups", json={"taskId": task_id, "groupSize": size, "seed": seed})
-        r.raise_for_status()
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
 
-    def collect(self, wait: float) -> list[Trajectory]:
-        found = []
-        for http in self.http:
-            body = http.get("/v1/trajectories", params={"wait": wait, "limit": 1024}).raise_for_status().json()
-            found += [Trajectory.model_validate(t) for t in body["trajectories"]]
-        return found
 
-    def publish(self, version: int, blob: bytes) -> None:
-        for http in self.http:
-            http.put(f"/v1/weights/{version}/buckets/0", params={"of": 1}, content=blob).raise_for_status()
+@dataclass
+class Driver:
+    """Rank 0's connections to the outside: rollout servers, metrics, status."""
+
+    feed: RolloutFeed
+    publisher: WeightPublisher
+    client: RolloutClient
+    metrics: LearnerMetrics
+    status: StatusFile
+
+
+def loss_config_for(job: RLJob) -> LossConfig:
+    algorithm = job.spec.algorithm
+    return LossConfig(
+        clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
+        off_policy=str(algorithm.off_policy_correction.mode), cap=algorithm.off_policy_correction.cap,
+        aggregation=str(algorithm.loss_aggregation), kl_coef=algorithm.kl_coef, entropy_coef=algorithm.entropy_coef,
+    )  # fmt: skip
 
 
 def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: Path, task_ids: list[str],
-                log: Callable[[dict], None] = print) -> list[dict]:  # fmt: skip
-    """Train until training.totalSteps (or limits.maxSteps); returns the metrics of every step."""
+                log: Callable[[dict], None] = print, metrics_port: int | None = None,
+                job_started_at: float | None = None) -> list[dict]:  # fmt: skip
+    """Train until a stop; returns the metrics of every step this process trained."""
     spec = job.spec
     rank, world, device = init_distributed()
-    if world > 1:
-        raise NotImplementedError("the RL loop runs one process for now (FSDP steps themselves scale: see step.py)")
     torch.manual_seed(spec.training.seed)
-    model = load_policy(model_path, spec.learner.fsdp, device)
+    ppo = uses_value_head(spec.algorithm)
+    model = load_policy(model_path, spec.learner.fsdp, device, value_head=ppo)
+    reference = load_policy(model_path, spec.learner.fsdp, device, trainable=False) if spec.algorithm.kl_coef else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.training.learning_rate,
                                   weight_decay=spec.training.weight_decay)  # fmt: skip
     store = CheckpointStore(spec.checkpoint.uri or str(run_dir / "checkpoints"), spec.checkpoint.endpoint_url)
     checkpointer = Checkpointer(store, run_dir / "staging", keep=spec.checkpoint.keep, rank=rank)
     state = checkpointer.restore(model, optimizer) or TrainingState(step=0, policy_version=0)
-    rollouts = RolloutClient(rollout_urls)
-    if state.policy_version:
-        rollouts.publish(state.policy_version, policy_blob(model))
-    loss_config = LossConfig(
-        clip_low=spec.algorithm.clip_ratio_low, clip_high=spec.algorithm.clip_ratio_high,
-        off_policy=str(spec.algorithm.off_policy_correction.mode), cap=spec.algorithm.off_policy_correction.cap,
-        aggregation=str(spec.algorithm.loss_aggregation),
-    )  # fmt: skip
-    last = min(spec.training.total_steps, spec.limits.max_steps or spec.training.total_steps)
-    group_size = spec.algorithm.group_size
-    history = []
-    metrics_file = run_dir / "metrics.jsonl"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    while state.step < last:
-        started = time.monotonic()
-        for _ in range(spec.training.trajectories_per_step // group_size):
-            rollouts.submit(
-                task_ids[state.task_cursor % len(task_ids)], group_size, spec.training.seed + state.task_cursor
-            )
-            state.task_cursor += 1
-        batch: list[Trajectory] = []
-        while len(batch) < spec.training.trajectories_per_step:
-            batch += rollouts.collect(wait=10)
-        waited = time.monotonic() - started
-        usable = [t for t in batch if t.error is None]
-        collated = collate(usable, pad_id=0)
-        collated.batch.advantages = token_advantages(usable, collated, spec.algorithm)
-        report = train_step(model, optimizer, collated.batch, loss_config, spec.training.max_grad_norm, world)
+    stop_signal = StopSignal()
+    started_at = job_started_at or time.time()
+    driver = _driver(job, rollout_urls, task_ids, state, run_dir, metrics_port) if rank == 0 else None
+    if driver and checkpointer.last_complete:
+        driver.status.checkpoint(checkpointer.last_complete.step, store.uri, checkpointer.last_complete.time)
+    # the servers may hold newer weights than this learner (steps lost with the previous learner, or a
+    # checkpoint older than what they serve): publish ours under a version newer than any served, so a
+    # version number always names one set of weights
+    served = max(driver.client.served_versions()) if driver else 0
+    if broadcast_object(state.step > 0 or served > state.policy_version):
+        state.policy_version = broadcast_object(max(served, state.policy_version) + 1)
+        _publish(model, driver, state.policy_version)
+
+    loss_config = loss_config_for(job)
+    mini_batches = spec.training.mini_batches
+    history: list[dict] = []
+    saved_step, saved_at = state.step, time.monotonic()
+    consecutive_skipped = 0
+    last_mismatch = 0.0
+    stop: Stop | None = None
+    while True:
+        if rank == 0:
+            progress = Progress(state.step, time.time() - started_at, consecutive_skipped, last_mismatch)
+            stop = stop_for(spec, progress) or (_signalled() if stop_signal.requested else None)
+        stop = broadcast_object(stop)
+        if stop is not None:
+            break
+        began = time.monotonic()
+        batch: Batch | None = None
+        if driver:
+            batch = driver.feed.next_batch(state.policy_version, stop=lambda: stop_signal.requested)
+        batch = broadcast_object(batch)
+        if batch is None:
+            continue  # a stop was requested while waiting: the check above ends the loop
+        waited = time.monotonic() - began
+
+        trained = time.monotonic()
+        collated = collate(batch.trajectories, pad_id=0)
+        if not ppo:
+            collated.batch.advantages = group_advantages(collated, spec.algorithm)
+        part = shard(collated, rank, world, multiple=mini_batches)
+        tokens = part.batch
+        if ppo:
+            values = predict(model, tokens.to(device)).values.cpu()
+            tokens = with_gae(part, values, spec.algorithm)
+        report = train_step(model, optimizer, tokens.to(device), loss_config, spec.training.max_grad_norm, world,
+                            mini_batches, reference, spec.algorithm.value_coef)  # fmt: skip
+        trained = time.monotonic() - trained
         state.step += 1
-        state.policy_version = state.step
-        rollouts.publish(state.policy_version, policy_blob(model))
-        if state.step % spec.checkpoint.interval_steps == 0 or state.step == last:
-            checkpointer.save(model, optimizer, TrainingState(**state.__dict__))
-        rewards = collated.rewards
-        line = {"step": state.step, "loss": report["loss"], "reward_mean": float(rewards.mean()),
-                "solve_rate": float((rewards >= 1.0).float().mean()), "trajectories": len(batch),
-                "failed": len(batch) - len(usable), "mismatch_kl": report["mismatch_kl"],
-                "grad_norm": report.get("grad_norm"), "skipped": report["skipped"],
-                "generated_tokens": int(collated.batch.loss_mask.sum()), "wait_s": round(waited, 3),
-                "step_s": round(time.monotonic() - started, 3), "time": time.time()}  # fmt: skip
-        with metrics_file.open("a") as f:
-            f.write(json.dumps(line) + "\n")
-        history.append(line)
-        log(line)
+        state.policy_version += 1
+        consecutive_skipped = consecutive_skipped + 1 if report["skipped"] else 0
+        last_mismatch = report["mismatch_kl"]
+
+        synced = time.monotonic()
+        _publish(model, driver, state.policy_version)
+        synced = time.monotonic() - synced
+
+        checkpointed = time.monotonic()
+        due = state.step - saved_step >= spec.checkpoint.interval_steps or (
+            time.monotonic() - saved_at >= 60 * spec.checkpoint.interval_minutes)  # fmt: skip
+        if broadcast_object(due):
+            _checkpoint(checkpointer, model, optimizer, state, driver)
+            saved_step, saved_at = state.step, time.monotonic()
+        checkpointed = time.monotonic() - checkpointed
+
+        if driver:
+            line = _step_line(state, batch, collated, report, waited, trained, synced, checkpointed,
+                              time.monotonic() - began)  # fmt: skip
+            _record(driver, line, report, collated, batch, checkpointer, store.uri, run_dir)
+            history.append(line)
+            log(line)
+
+    if state.step > saved_step:
+        _checkpoint(checkpointer, model, optimizer, state, driver)
     checkpointer.wait()
+    if driver:
+        driver.publisher.wait()
+        if checkpointer.last_complete:
+            complete = checkpointer.last_complete
+            driver.status.checkpoint(complete.step, store.uri, complete.time)
+        assert stop is not None
+        driver.status.update(phase=stop.phase, reason=stop.reason, message=stop.message, step=state.step,
+                             policy_version=state.policy_version)  # fmt: skip
+        log({"stopped": str(stop.reason or "signal"), "phase": str(stop.phase), "message": stop.message,
+             "step": state.step})  # fmt: skip
+        driver.client.close()
     return history
+
+
+def _signalled() -> Stop:
+    return Stop(Phase.STOPPED, None, "stopped by a signal (SIGTERM/SIGINT) after a final checkpoint")
+
+
+def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingState, run_dir: Path,
+            metrics_port: int | None) -> Driver:  # fmt: skip
+    spec = job.spec
+    client = RolloutClient(urls)
+    asynchronous = spec.training.mode == TrainingMode.ASYNC
+    saved = FeedState(state.task_cursor, state.pending_trajectories, [tuple(x) for x in state.in_flight])
+    feed = RolloutFeed(client, task_ids, spec.algorithm.group_size,
+                       spec.training.trajectories_per_step // spec.algorithm.group_size, asynchronous,
+                       spec.training.max_staleness, spec.training.seed, saved)  # fmt: skip
+    metrics = LearnerMetrics()
+    if metrics_port is not None:
+        metrics.serve(metrics_port)
+    status = StatusFile(run_dir / "status.json")
+    status.update(step=state.step, policy_version=state.policy_version)
+    return Driver(feed, WeightPublisher(client, background=asynchronous), client, metrics, status)
+
+
+def _publish(model, driver: Driver | None, version: int) -> None:
+    blob = policy_blob(model)  # every rank takes part in gathering the full weights
+    if driver:
+        driver.publisher.publish(version, blob)
+
+
+def _checkpoint(checkpointer: Checkpointer, model, optimizer, state: TrainingState, driver: Driver | None) -> None:
+    if driver:
+        feed = driver.feed.state()
+        state.task_cursor, state.pending_trajectories, state.in_flight = feed.task_cursor, feed.ready, feed.in_flight
+    checkpointer.save(model, optimizer, TrainingState(**state.__dict__))
+
+
+def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waited: float, trained: float,
+               synced: float, checkpointed: float, total: float) -> dict:  # fmt: skip
+    rewards = collated.rewards
+    generated = int(collated.batch.loss_mask.sum())
+    return {
+        "step": state.step, "policy_version": state.policy_version, "loss": report["loss"],
+        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
+        "solve_rate": float((rewards >= 1.0).float().mean()), "trajectories": len(batch.trajectories),
+        "failed": batch.failed, "stale_dropped": batch.stale_dropped,
+        "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
+        "staleness_max": max(batch.staleness, default=0), "mismatch_kl": report["mismatch_kl"],
+        "kl_ref": report["kl_ref"], "entropy": report["entropy"], "value_loss": report["value_loss"],
+        "clip_fraction": report["clip_fraction"], "grad_norm": report["grad_norm"], "skipped": report["skipped"],
+        "generated_tokens": generated, "tokens_per_s": round(generated / max(total, 1e-9), 1),
+        "wait_s": round(waited, 3), "train_s": round(trained, 3), "weight_sync_s": round(synced, 3),
+        "checkpoint_s": round(checkpointed, 3), "step_s": round(total, 3), "time": time.time(),
+    }  # fmt: skip
+
+
+def _record(driver: Driver, line: dict, report: dict, collated, batch: Batch, checkpointer: Checkpointer,
+            uri: str, run_dir: Path) -> None:  # fmt: skip
+    m = driver.metrics
+    m.step.set(line["step"])
+    m.policy_version.set(line["policy_version"])
+    for gauge, key in ((m.loss, "loss"), (m.reward_mean, "reward_mean"), (m.reward_std, "reward_std"),
+                       (m.solve_rate, "solve_rate"), (m.kl_ref, "kl_ref"), (m.entropy, "entropy"),
+                       (m.mismatch_kl, "mismatch_kl"), (m.tokens_per_second, "tokens_per_s")):  # fmt: skip
+        gauge.set(line[key])
+    if math.isfinite(line["grad_norm"]):
+        m.grad_norm.set(line["grad_norm"])
+    advantages = collated.batch.advantages[collated.batch.loss_mask]
+    if advantages.numel():
+        m.advantage_mean.set(float(advantages.mean()))
+        m.advantage_std.set(float(advantages.std(correction=0)))
+    m.skipped.inc(line["skipped"])
+    m.trained_tokens.inc(line["generated_tokens"])
+    m.trajectories.labels("trained").inc(len(batch.trajectories))
+    m.trajectories.labels("failed").inc(batch.failed)
+    m.trajectories.labels("stale").inc(batch.stale_dropped)
+    for phase, key in zip(PHASES, ("wait_s", "train_s", "weight_sync_s", "checkpoint_s"), strict=True):
+        m.phase_seconds.labels(phase).observe(line[key])
+    for value in batch.staleness:
+        m.staleness.observe(value)
+    complete = checkpointer.last_complete
+    if complete is not None:
+        m.last_checkpoint_step.set(complete.step)
+        m.last_checkpoint_time.set(complete.time)
+        if driver.status.status.last_checkpoint is None or driver.status.status.last_checkpoint.step != complete.step:
+            driver.status.checkpoint(complete.step, uri, complete.time)
+    driver.status.update(step=line["step"], policy_version=line["policy_version"], reward_mean=line["reward_mean"],
+                         tokens_per_second=line["tokens_per_s"], staleness=line["staleness_mean"])  # fmt: skip
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -6,16 +6,24 @@ import torch
 import torch.distributed as dist
 
 from kuberl.api.spec import FsdpSpec
+from kuberl_trainer.value_head import VALUE_HEAD, attach_value_head
 
 
-def load_policy(model_path: str, fsdp: FsdpSpec, device: torch.device):
-    """A Hugging Face causal LM in float32 master weights, sharded when a process group exists."""
+def load_policy(model_path: str, fsdp: FsdpSpec, device: torch.device, value_head: bool = False,
+                trainable: bool = True):  # fmt: skip
+    """A Hugging Face causal LM in float32 master weights, sharded when a process group exists; with
+    `value_head` also PPO's value head; `trainable=False` gives a frozen copy (the KL reference)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.config.use_cache = False
-    if fsdp.activation_checkpointing:
+    if value_head:
+        attach_value_head(model)
+    if not trainable:
+        model.requires_grad_(False)
+        model.eval()
+    elif fsdp.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
     if not dist.is_initialized():
@@ -27,6 +35,9 @@ def load_policy(model_path: str, fsdp: FsdpSpec, device: torch.device):
         options["offload_policy"] = CPUOffloadPolicy()
     for block in _decoder_blocks(model):
         fully_shard(block, **options)
+    if value_head:
+        # its own FSDP unit: it is called after the trunk's forward, outside the root's forward
+        fully_shard(getattr(model, VALUE_HEAD), **options)
     fully_shard(model, **options)
     return model
 

@@ -37,6 +37,8 @@ class TrainingState:
     policy_version: int
     task_cursor: int = 0
     pending_trajectories: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: list[tuple[str, int]] = field(default_factory=list)
+    """(task id, seed) of groups submitted but not finished: submitted again on resume."""
 
 
 def _rng_state() -> dict[str, Any]:
@@ -59,6 +61,9 @@ class Checkpointer:
         self.blocked_seconds: list[float] = []
         self.last_complete: Manifest | None = None
         self.error: BaseException | None = None
+        # the background save and its barrier get their own process group: collectives of two threads
+        # on one group interleave differently on each rank and deadlock
+        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
     def save(self, model, optimizer, state: TrainingState) -> None:
         """Start a checkpoint of this step; returns once training may continue."""
@@ -68,7 +73,8 @@ class Checkpointer:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         model_state, optim_state = get_state_dict(model, optimizer)
-        self._dcp_future = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+        self._dcp_future = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
+                                          process_group=self._group)  # fmt: skip
         (folder / f"rng-rank{self.rank}.json").write_text(json.dumps(_rng_state()))
         if self.rank == 0:
             (folder / TRAINING_STATE).write_text(json.dumps(state.__dict__))
@@ -82,11 +88,11 @@ class Checkpointer:
             self._dcp_future.result()
             if dist.is_initialized():
                 # every rank's shards are on the shared staging folder before rank 0 uploads
-                dist.barrier()
-            if self.rank == 0:
+                dist.barrier(group=self._group)
+            if self.rank == 0:  # the uploader removes the staged folder once it is stored
                 self.last_complete = self.store.save(state.step, state.policy_version, folder)
                 self.store.prune(self.keep)
-            shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(folder, ignore_errors=True)
         except BaseException as err:  # reported to the training loop by wait()
             self.error = err
 

@@ -1,0 +1,53 @@
+"""The learner's own stop rules (spec.limits), a pure function."""
+
+from __future__ import annotations
+
+from conftest import with_spec
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.status import Phase, Reason
+from kuberl_trainer.breakers import Progress, stop_for
+
+
+def spec(**changes):
+    return RLJob.from_manifest(with_spec(**changes)).spec
+
+
+def at(step=1, elapsed=1.0, skipped=0, mismatch=0.0) -> Progress:
+    return Progress(step, elapsed, skipped, mismatch)
+
+
+def test_keeps_training_inside_every_limit():
+    assert stop_for(spec(training={"totalSteps": 10}), at(step=5)) is None
+
+
+def test_total_steps_complete_the_job():
+    stop = stop_for(spec(training={"totalSteps": 10}), at(step=10))
+    assert (stop.phase, stop.reason) == (Phase.SUCCEEDED, Reason.COMPLETED)
+
+
+def test_max_steps_is_reported_before_completion():
+    # the spec requires maxSteps >= totalSteps; at the same step the breaker is what is reported
+    stop = stop_for(spec(training={"totalSteps": 3}, limits={"maxSteps": 3}), at(step=3))
+    assert (stop.phase, stop.reason) == (Phase.STOPPED, Reason.MAX_STEPS_REACHED)
+    assert "maxSteps (3)" in stop.message
+
+
+def test_wall_clock():
+    stop = stop_for(spec(limits={"maxWallClock": "20s"}), at(elapsed=20.5))
+    assert (stop.phase, stop.reason) == (Phase.STOPPED, Reason.MAX_WALL_CLOCK_REACHED)
+    assert stop_for(spec(limits={"maxWallClock": "20s"}), at(elapsed=19.0)) is None
+
+
+def test_non_finite_steps_in_a_row_fail_the_job_unless_disabled():
+    limits = {"maxNonFiniteSteps": 2}
+    assert stop_for(spec(limits=limits), at(skipped=1)) is None
+    stop = stop_for(spec(limits=limits), at(skipped=2))
+    assert (stop.phase, stop.reason) == (Phase.FAILED, Reason.NON_FINITE_LOSS)
+    assert stop_for(spec(limits={**limits, "stopOnNonFiniteLoss": False}), at(skipped=5)) is None
+
+
+def test_mismatch_kl_bound():
+    stop = stop_for(spec(limits={"maxMismatchKl": 0.1}), at(mismatch=0.5))
+    assert (stop.phase, stop.reason) == (Phase.FAILED, Reason.MISMATCH_KL_EXCEEDED)
+    assert stop_for(spec(limits={"maxMismatchKl": 0.1}), at(mismatch=0.05)) is None

@@ -1,0 +1,155 @@
+"""How batches are cut: whole groups, sync versus async refills, and the staleness bound.
+
+The rollout servers are replaced by an in-memory work queue that finishes groups when the test says,
+at the policy version the test says (the real servers are exercised in test_learner_loop.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kuberl.api.trajectory import Trajectory
+from kuberl_trainer.rollout_client import SubmittedGroup
+from kuberl_trainer.rollout_feed import FeedState, RolloutFeed, admissible, staleness
+
+
+def trajectory(group_id: str, task_id: str, index: int, version: int, error: str | None = None) -> Trajectory:
+    return Trajectory(trajectory_id=f"{group_id}-{index}", task_id=task_id, group_id=group_id,
+                      token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], logprobs=[0, 0, -1, -1],
+                      policy_versions=[-1, -1, version, version], prompt_length=2, final_reward=float(index),
+                      finish_reason="error" if error else "submitted", error=error)  # fmt: skip
+
+
+class WorkQueue:
+    """Groups submitted; `finish(version)` completes every open one as if sampled by `version`."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count()
+        self.open: list[SubmittedGroup] = []
+        self.done: list[Trajectory] = []
+        self.submitted: list[SubmittedGroup] = []
+
+    def submit(self, task_id: str, size: int, seed: int) -> SubmittedGroup:
+        group = SubmittedGroup(f"g{next(self.ids)}", task_id, seed, size, 0)
+        self.open.append(group)
+        self.submitted.append(group)
+        return group
+
+    def finish(self, version: int, count: int | None = None, error_first: bool = False) -> None:
+        finishing, self.open = self.open[:count], self.open[len(self.open[:count]) :]
+        for g in finishing:
+            self.done += [trajectory(g.group_id, g.task_id, i, version, "sandbox lost" if error_first and i == 0
+                                     else None) for i in range(g.size)]  # fmt: skip
+
+    def collect(self, wait: float) -> list[Trajectory]:
+        out, self.done = self.done, []
+        return out
+
+
+def feed(queue: WorkQueue, asynchronous: bool, max_staleness: int = 1, state: FeedState | None = None):
+    return RolloutFeed(queue, [f"t{i}" for i in range(10)], group_size=2, groups_per_step=2,
+                       asynchronous=asynchronous, max_staleness=max_staleness, seed=100, state=state)  # fmt: skip
+
+
+def test_staleness_counts_versions_behind_the_oldest_token():
+    t = trajectory("g", "t", 0, version=3)
+    assert staleness(t, 5) == 2 and staleness(t, 3) == 0 and staleness(t, 1) == 0
+    assert admissible([t], 4, 1) and not admissible([t], 5, 1)
+
+
+def test_sync_submits_one_batch_then_waits_for_all_of_it():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=False)
+    polls = iter(range(100))
+
+    def stop() -> bool:  # the rollout servers finish the groups while the feed waits
+        if next(polls) == 1:
+            queue.finish(version=0)
+        return False
+
+    batch = f.next_batch(version=0, stop=stop, poll=0)
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1"]  # exactly one batch, no more
+    assert [g.seed for g in queue.submitted] == [100, 101]
+    assert len(batch.trajectories) == 4 and batch.staleness == [0, 0, 0, 0]
+    assert [t.group_id for t in batch.trajectories] == ["g0", "g0", "g1", "g1"]  # groups stay together
+    assert not queue.open  # nothing is generated with the old weights while the step trains
+
+
+def test_async_keeps_the_next_batches_in_flight_while_training():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=True, max_staleness=1)
+    in_flight = []
+
+    def servers_finish_two_groups() -> bool:
+        in_flight.append(len(queue.open))
+        queue.finish(version=0, count=2)
+        return False
+
+    batch = f.next_batch(version=0, stop=servers_finish_two_groups, poll=0)
+    assert in_flight[0] == 4  # (1 + maxStaleness) batches in flight from the start
+    assert len(batch.trajectories) == 4
+    assert len(queue.open) == 4  # refilled at once: generation continues during the step
+
+
+def test_async_drops_and_resubmits_groups_beyond_the_staleness_bound():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=True, max_staleness=1)
+    # four groups sampled by version 0, trained at version 1 (staleness 1: admitted)
+    batch = f.next_batch(version=1, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert batch.staleness == [1] * 4 and batch.stale_dropped == 0
+    # the other two groups wait in `ready`; by version 2 they are 2 behind and must go
+    queue.finish(version=2)
+
+    batch = f.next_batch(version=2, stop=lambda: False, poll=0)
+    assert batch.stale_dropped == 4 and batch.staleness == [0] * 4
+    resubmitted = [g.task_id for g in queue.submitted[6:8]]  # after t0-t3, then t4-t5 (the refill)
+    assert sorted(resubmitted) == ["t2", "t3"]  # the dropped groups' tasks are generated again
+
+
+def test_errored_trajectories_are_left_out_and_counted():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=False)
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=True) or False, poll=0)
+    assert batch.failed == 2 and len(batch.trajectories) == 2
+    assert all(t.error is None for t in batch.trajectories)
+
+
+def test_a_stop_request_ends_the_wait():
+    queue = WorkQueue()
+    assert feed(queue, asynchronous=False).next_batch(version=0, stop=lambda: True, poll=0) is None
+
+
+def test_the_checkpointed_state_restores_ready_groups_and_resubmits_in_flight_ones():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=True, max_staleness=1)
+    f.next_batch(version=0, stop=lambda: queue.finish(version=0, count=3) or False, poll=0)
+    # it took 2 groups; 1 is ready, 3 in flight (1 from the start, 2 refilled)
+    state = f.state()
+    assert len(state.ready) == 2 and len(state.in_flight) == 3 and state.task_cursor == 6
+
+    queue2 = WorkQueue()
+    resumed = feed(queue2, asynchronous=True, max_staleness=1, state=state)
+    assert sorted((g.task_id, g.seed) for g in queue2.submitted) == sorted(state.in_flight)
+    queue2.finish(version=0, count=1)
+    batch = resumed.next_batch(version=1, stop=lambda: False, poll=0)
+    assert len(batch.trajectories) == 4
+    assert {t.task_id for t in batch.trajectories} >= {"t2"}  # the ready group from before the restart
+
+
+def test_trajectories_of_unknown_groups_are_ignored():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=False)
+    queue.done.append(trajectory("from-a-previous-learner", "t9", 0, 0))
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert len(batch.trajectories) == 4 and f.orphans == 1
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_task_cursor_walks_the_tasks_in_order(asynchronous):
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=asynchronous)
+    for version in range(3):
+        f.next_batch(version=version, stop=lambda v=version: queue.finish(version=v) or False, poll=0)
+    tasks = [g.task_id for g in queue.submitted]
+    assert tasks == [f"t{i}" for i in range(len(tasks))]

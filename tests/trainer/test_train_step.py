@@ -1,0 +1,94 @@
+"""The train step's options on a tiny real model: mini-batches (PPO-style updates against the batch's
+starting log-probs), the value head and its loss, the KL to a frozen reference, entropy, the shard
+padding that keeps FSDP ranks in step, and the non-finite guard."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from kuberl.api.spec import FsdpSpec
+from kuberl.modeling.tiny import build_tiny_model
+from kuberl_trainer.algorithms.losses import LossConfig
+from kuberl_trainer.export import served_tensors
+from kuberl_trainer.policy import load_policy
+from kuberl_trainer.step import TokenBatch, predict, train_step
+from kuberl_trainer.value_head import has_value_head
+
+NO_AC = FsdpSpec(activation_checkpointing=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("step") / "m", hidden_size=64, layers=2, seed=8)
+
+
+def batch(vocab: int, rows: int = 4, length: int = 24, value_targets: bool = False) -> TokenBatch:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, vocab, (rows, length), generator=g)
+    mask = torch.zeros(rows, length, dtype=torch.bool)
+    mask[:, 10:] = True
+    advantages = torch.linspace(-1, 1, rows)[:, None].expand(rows, length).clone()
+    out = TokenBatch(ids, torch.ones_like(ids), mask, torch.full((rows, length), -6.0), advantages)
+    if value_targets:
+        out.returns = torch.ones(rows, length)
+        out.value_mask = mask.clone()
+    return out
+
+
+def test_mini_batches_take_several_clipped_updates(model_dir):
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    b = batch(model.config.vocab_size)
+    before = copy.deepcopy(model.state_dict())
+    report = train_step(model, optimizer, b, LossConfig(off_policy="none"), 1.0, 1, mini_batches=2)
+    assert optimizer.state[next(iter(model.parameters()))]["step"] == 2  # two optimizer updates
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # the second mini-batch is measured against the log-probs of the batch's start: the ratio moved
+    assert report["tokens"] == float(b.loss_mask.sum()) and report["skipped"] == 0
+
+
+def test_value_head_learns_its_targets_and_is_not_served(model_dir):
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"), value_head=True)
+    assert has_value_head(model)
+    b = batch(model.config.vocab_size, value_targets=True)
+    assert predict(model, b).values.abs().max() == 0  # zero-initialised: GAE starts from plain returns
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = [train_step(model, optimizer, b, LossConfig(), 1.0, 1, value_coef=1.0)["value_loss"] for _ in range(8)]
+    assert losses[0] == pytest.approx(1.0) and losses[-1] < 0.5 * losses[0]  # V moves towards the returns
+    assert not any(name.startswith("value_head") for name in served_tensors(model))
+
+
+def test_kl_to_the_frozen_reference_grows_as_the_policy_moves(model_dir):
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    reference = load_policy(str(model_dir), NO_AC, torch.device("cpu"), trainable=False)
+    assert not any(p.requires_grad for p in reference.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    b = batch(model.config.vocab_size)
+    config = LossConfig(kl_coef=0.1, entropy_coef=0.01)
+    kls = [train_step(model, optimizer, b, config, 1.0, 1, ref_model=reference)["kl_ref"] for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > kls[1] > 0
+    ref_state = reference.state_dict()
+    fresh = load_policy(str(model_dir), NO_AC, torch.device("cpu"), trainable=False).state_dict()
+    assert all(torch.equal(ref_state[k], fresh[k]) for k in fresh)  # the reference never trains
+
+
+def test_entropy_is_reported_in_nats(model_dir):
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    report = train_step(model, optimizer, batch(model.config.vocab_size), LossConfig(), 1.0, 1)
+    vocab = model.config.vocab_size
+    assert 0 < report["entropy"] <= torch.log(torch.tensor(float(vocab))).item() + 1e-4  # a random model: near log V
+
+
+def test_a_non_finite_loss_skips_the_update(model_dir):
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    b = batch(model.config.vocab_size)
+    b.advantages[0, 12] = float("nan")
+    before = copy.deepcopy(model.state_dict())
+    report = train_step(model, optimizer, b, LossConfig(), 1.0, 1)
+    assert report["skipped"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,42 @@
+"""Publishing new weights to the rollout servers: inline in sync mode (the servers are idle anyway),
+in a background thread in async mode so training continues while the upload runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kuberl_trainer.rollout_client import RolloutClient
+
+
+class WeightPublisher:
+    def __init__(self, client: RolloutClient, background: bool) -> None:
+        self.client, self.background = client, background
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_seconds = 0.0  # of the latest finished upload
+
+    def publish(self, version: int, blob: bytes) -> None:
+        self.wait()  # versions arrive in order: one upload at a time
+        if not self.background:
+            self._upload(version, blob)
+            self.wait()
+            return
+        self._thread = threading.Thread(target=self._upload, args=(version, blob), daemon=True)
+        self._thread.start()
+
+    def _upload(self, version: int, blob: bytes) -> None:
+        started = time.monotonic()
+        try:
+            self.client.publish(version, blob)
+        except BaseException as err:  # raised in the training loop by wait()
+            self._error = err
+        self.last_seconds = time.monotonic() - started
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

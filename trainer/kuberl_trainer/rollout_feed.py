@@ -1,0 +1,140 @@
+"""Where the learner's batches come from: task groups kept in flight on the rollout servers, finished
+trajectories gathered into complete groups, and the admission rule of sync and async training.
+
+Sync: a batch's groups are submitted after the previous step's weights are published, so every
+trajectory comes from the current policy. Async: enough groups stay in flight that generation never
+waits for training (`maxStaleness + 1` batches); a group is admitted while its oldest token is at most
+`maxStaleness` versions behind the learner, else it is dropped, counted and its task submitted again.
+A group is the unit of admission because group-relative advantages need all of its members.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kuberl.api.trajectory import Trajectory
+from kuberl_trainer.rollout_client import RolloutClient, SubmittedGroup
+
+
+def staleness(trajectory: Trajectory, learner_version: int) -> int:
+    """How many versions behind the learner the oldest generated token of `trajectory` is."""
+    return max(0, learner_version - trajectory.oldest_version)
+
+
+def admissible(group: list[Trajectory], learner_version: int, max_staleness: int) -> bool:
+    return all(staleness(t, learner_version) <= max_staleness for t in group)
+
+
+@dataclass
+class Batch:
+    trajectories: list[Trajectory]  # usable (no error), grouped: members of a group are adjacent
+    failed: int  # trajectories that ended with an error and were left out
+    stale_dropped: int  # trajectories dropped for exceeding maxStaleness since the previous batch
+    staleness: list[int]  # per usable trajectory, at the learner version it is trained at
+    wait_seconds: float
+
+
+@dataclass
+class FeedState:
+    """What a checkpoint keeps of the feed: the task cursor, groups finished but not trained, and the
+    (task, seed) of groups still in flight, which are submitted again on resume."""
+
+    task_cursor: int = 0
+    ready: list[dict] = field(default_factory=list)
+    in_flight: list[tuple[str, int]] = field(default_factory=list)
+
+
+class RolloutFeed:
+    def __init__(self, client: RolloutClient, task_ids: list[str], group_size: int, groups_per_step: int,
+                 asynchronous: bool, max_staleness: int, seed: int,
+                 state: FeedState | None = None) -> None:  # fmt: skip
+        if not task_ids:
+            raise ValueError("no tasks to train on: check spec.environment.tasks")
+        self.client, self.task_ids, self.group_size = client, task_ids, group_size
+        self.groups_per_step, self.asynchronous = groups_per_step, asynchronous
+        self.max_staleness = max_staleness if asynchronous else 0
+        self.seed = seed
+        state = state or FeedState()
+        self.cursor = state.task_cursor
+        self.in_flight: dict[str, SubmittedGroup] = {}
+        self.received: dict[str, list[Trajectory]] = {}
+        self.ready: list[list[Trajectory]] = _regroup([Trajectory.model_validate(t) for t in state.ready])
+        self.orphans = 0  # trajectories of groups this learner did not submit (before a restart)
+        self._stale_dropped = 0
+        for task_id, group_seed in state.in_flight:
+            self._submit(task_id, group_seed)
+
+    def next_batch(self, version: int, stop: Callable[[], bool], poll: float = 5.0) -> Batch | None:
+        """The next batch for the learner at `version`; None when `stop()` became true while waiting."""
+        started = time.monotonic()
+        self.ready = [g for g in self.ready if self._admit(g, version)]
+        self._refill()
+        while len(self.ready) < self.groups_per_step:
+            if stop():
+                return None
+            for trajectory in self.client.collect(wait=poll):
+                self._receive(trajectory, version)
+            self._refill()
+        groups, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
+        usable = [t for g in groups for t in g if t.error is None]
+        failed = sum(len(g) for g in groups) - len(usable)
+        batch = Batch(usable, failed, self._stale_dropped, [staleness(t, version) for t in usable],
+                      time.monotonic() - started)  # fmt: skip
+        self._stale_dropped = 0
+        if self.asynchronous:
+            self._refill()  # the next batch is generated while this one trains
+        return batch
+
+    def state(self) -> FeedState:
+        return FeedState(self.cursor, [t.model_dump(mode="json", by_alias=True) for g in self.ready for t in g],
+                         [(g.task_id, g.seed) for g in self.in_flight.values()])  # fmt: skip
+
+    # ------------------------------------------------------------------------------------ inside
+    def _target_in_flight(self) -> int:
+        batches = 1 + self.max_staleness if self.asynchronous else 1
+        return batches * self.groups_per_step
+
+    def _refill(self) -> None:
+        # sync: only when nothing is outstanding, i.e. at the start of a batch, after weights were published
+        if not self.asynchronous and (self.in_flight or self.ready):
+            return
+        while len(self.in_flight) + len(self.ready) < self._target_in_flight():
+            task_id = self.task_ids[self.cursor % len(self.task_ids)]
+            self._submit(task_id, self.seed + self.cursor)
+            self.cursor += 1
+
+    def _submit(self, task_id: str, seed: int) -> None:
+        group = self.client.submit(task_id, self.group_size, seed)
+        self.in_flight[group.group_id] = group
+        self.received[group.group_id] = []
+
+    def _receive(self, trajectory: Trajectory, version: int) -> None:
+        group = self.in_flight.get(trajectory.group_id)
+        if group is None:
+            self.orphans += 1
+            return
+        members = self.received[group.group_id]
+        members.append(trajectory)
+        if len(members) < group.size:
+            return
+        del self.in_flight[group.group_id], self.received[group.group_id]
+        members.sort(key=lambda t: t.trajectory_id)  # arrival order varies; training must not
+        if self._admit(members, version, resubmit=(group.task_id, group.seed)):
+            self.ready.append(members)
+
+    def _admit(self, group: list[Trajectory], version: int, resubmit: tuple[str, int] | None = None) -> bool:
+        if admissible(group, version, self.max_staleness):
+            return True
+        self._stale_dropped += len(group)
+        task_id, seed = resubmit or (group[0].task_id, self.seed + self.cursor)
+        self._submit(task_id, seed)
+        return False
+
+
+def _regroup(trajectories: list[Trajectory]) -> list[list[Trajectory]]:
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    return list(groups.values())
