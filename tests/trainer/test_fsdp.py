@@ -46,6 +46,8 @@ def test_the_consolidated_export_of_the_sharded_policy_is_the_trained_model(runs
     one, two = load_file(folder / "export1" / "model.safetensors"), load_file(folder / "export2" / "model.safetensors")
     initial = load_file(model / "model.safetensors")
     assert one.keys() == two.keys() == initial.keys()
-    assert all(torch.allclose(one[k], two[k], atol=1e-5) for k in one)  # gathered shards = the 1-rank model
+    # gathered shards = the 1-rank model; AdamW divides by the gradient's own scale, so float reduction-order
+    # noise in near-zero gradients shows up to ~1e-5 here, against updates of ~3e-3
+    assert all(torch.allclose(one[k], two[k], atol=5e-5) for k in one)
     assert any(not torch.equal(one[k], initial[k]) for k in one)  # and it is the trained one
     AutoModelForCausalLM.from_pretrained(folder / "export2")  # loads as a Hugging Face folder

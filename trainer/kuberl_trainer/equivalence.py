@@ -40,7 +40,7 @@ def main(model_dir: str, out: str, export_dir: str | None = None) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     full = global_batch(model.config.vocab_size)
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
-    shard = TokenBatch(*(getattr(full, f)[rows].to(device) for f in TokenBatch.__dataclass_fields__))
+    shard = full.rows(rows).to(device)
     losses = [train_step(model, optimizer, shard, LossConfig(off_policy="tis"), 1.0, world)["loss"]
               for _ in range(STEPS)]  # fmt: skip
     if export_dir:

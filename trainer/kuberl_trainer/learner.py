@@ -131,7 +131,8 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
             values = predict(model, tokens.to(device)).values.cpu()
             tokens = with_gae(part, values, spec.algorithm)
         report = train_step(model, optimizer, tokens.to(device), loss_config, spec.training.max_grad_norm, world,
-                            mini_batches, reference, spec.algorithm.value_coef)  # fmt: skip
+                            mini_batches, reference, spec.algorithm.value_coef,
+                            before_update=checkpointer.ready_for_update)  # fmt: skip
         trained = time.monotonic() - trained
         state.step += 1
         state.policy_version += 1

@@ -10,6 +10,7 @@ and reported.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -79,11 +80,12 @@ STAT_KEYS = ("mismatch_kl", "clip_fraction", "is_weight_mean", "entropy", "kl_re
 
 
 def train_step(model, optimizer, batch: TokenBatch, loss_config: LossConfig, max_grad_norm: float,
-               world_size: int, mini_batches: int = 1, ref_model=None,
-               value_coef: float = 0.0) -> dict[str, float]:  # fmt: skip
+               world_size: int, mini_batches: int = 1, ref_model=None, value_coef: float = 0.0,
+               before_update: Callable[[], None] | None = None) -> dict[str, float]:  # fmt: skip
     """Forward, backward, clip, step (per mini-batch); returns loss, grad norm, diagnostics (token-weighted
     over ranks and mini-batches) and the number of skipped updates. Every rank must have the same number
-    of rows, at least `mini_batches` (pad with rows whose loss mask is empty)."""
+    of rows, at least `mini_batches` (pad with rows whose loss mask is empty). `before_update` runs before
+    each optimizer step (a checkpoint still copying the weights waits there, not before the forward)."""
     old = predict(model, batch).logprobs if mini_batches > 1 else None
     ref = predict(ref_model, batch).logprobs if ref_model is not None and loss_config.kl_coef else None
     report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
@@ -93,7 +95,7 @@ def train_step(model, optimizer, batch: TokenBatch, loss_config: LossConfig, max
         mini = batch.rows(part)
         old_part, ref_part = (None if x is None else x[part] for x in (old, ref))
         result = _update(model, optimizer, mini, loss_config, max_grad_norm, world_size, old_part, ref_part,
-                         value_coef)  # fmt: skip
+                         value_coef, before_update)  # fmt: skip
         tokens = result.pop("tokens")
         total_tokens += tokens
         report["skipped"] += result.pop("skipped")
@@ -109,8 +111,8 @@ def train_step(model, optimizer, batch: TokenBatch, loss_config: LossConfig, max
 
 
 def _update(model, optimizer, batch: TokenBatch, config: LossConfig, max_grad_norm: float, world_size: int,
-            old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
-            value_coef: float) -> dict[str, float]:  # fmt: skip
+            old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, value_coef: float,
+            before_update: Callable[[], None] | None) -> dict[str, float]:  # fmt: skip
     local_tokens = float(batch.loss_mask.sum())
     local_values = float(batch.value_mask.sum()) if batch.value_mask is not None else 0.0
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
@@ -149,5 +151,7 @@ def _update(model, optimizer, batch: TokenBatch, config: LossConfig, max_grad_no
         optimizer.zero_grad(set_to_none=True)
         report["skipped"] = 1.0
         return report
+    if before_update is not None:
+        before_update()
     optimizer.step()
     return report

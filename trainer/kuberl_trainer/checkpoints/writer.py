@@ -1,8 +1,10 @@
 """Saving and restoring the learner's state with torch.distributed.checkpoint, without stalling training.
 
-`save()` snapshots model and optimizer shards to CPU memory and returns at once (DCP `async_save`);
-a background thread then waits for the local write, uploads the step's folder to the store, writes the
-manifest last and prunes old checkpoints. Every rank writes its own shards; rank 0 also writes the
+`save()` starts DCP `async_save` and returns at once: the shards are copied out of the live tensors by
+a background stager while training goes on, and the caller calls `ready_for_update()` before the
+optimizer changes the weights (the only moment training may have to wait). A background thread then
+waits for the local write, uploads the step's folder to the store, writes the manifest last and prunes
+old checkpoints. Every rank writes its own shards; rank 0 also writes the
 training state (step, policy version, RNG states, task cursor, untrained trajectories) and uploads.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from kuberl_trainer.checkpoints.store import CheckpointStore, Manifest
@@ -64,23 +67,44 @@ class Checkpointer:
         # the background save and its barrier get their own process group: collectives of two threads
         # on one group interleave differently on each rank and deadlock
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        cuda = torch.cuda.is_available()
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                    use_async_staging=True, use_non_blocking_copy=cuda))  # fmt: skip
+        self._staged: Future | None = None
 
     def save(self, model, optimizer, state: TrainingState) -> None:
         """Start a checkpoint of this step; returns once training may continue."""
         self.wait()  # one checkpoint in flight at a time
         started = time.monotonic()
         folder = self.staging / CheckpointStore.directory(state.step)
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+        if self.rank == 0:  # the ranks of one machine share the staging folder: one of them prepares it
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        if dist.is_initialized():
+            dist.barrier(group=self._group)
+        folder.mkdir(parents=True, exist_ok=True)  # ranks on other machines
         model_state, optim_state = get_state_dict(model, optimizer)
-        self._dcp_future = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
-                                          process_group=self._group)  # fmt: skip
+        response = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
+                                  process_group=self._group, async_stager=self._stager)  # fmt: skip
+        self._staged, self._dcp_future = response.staging_completion, response.upload_completion
         (folder / f"rng-rank{self.rank}.json").write_text(json.dumps(_rng_state()))
         if self.rank == 0:
             (folder / TRAINING_STATE).write_text(json.dumps(state.__dict__))
         self.blocked_seconds.append(time.monotonic() - started)
         self._upload = threading.Thread(target=self._finish, args=(folder, state), daemon=True)
         self._upload.start()
+
+    def ready_for_update(self) -> None:
+        """Block until the checkpoint in flight has copied the state out; call before `optimizer.step()`.
+        The wait counts as time training was blocked by the checkpoint."""
+        if self._staged is None:
+            return
+        started = time.monotonic()
+        try:
+            self._staged.result()
+        finally:
+            self._staged = None
+            self.blocked_seconds[-1] += time.monotonic() - started
 
     def _finish(self, folder: Path, state: TrainingState) -> None:
         try:
@@ -98,6 +122,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the checkpoint in flight is complete (or raise its error)."""
+        self.ready_for_update()
         if self._upload is not None:
             self._upload.join()
             self._upload = None
