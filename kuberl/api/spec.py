@@ -124,6 +124,22 @@ class TrainingMode(StrEnum):
     ASYNC = "async"
 
 
+class WarmupSpec(ApiModel):
+    """Optional first stage: supervised fine-tuning on generated demonstrations of the tool format.
+
+    Demonstrations play scripted episodes in the sandbox with *random* edits drawn from the task's
+    candidate fixes, never the right one, so the model learns how to act and RL learns what to do."""
+
+    demonstrations: int = Field(0, ge=0, le=1_000_000)
+    """Demonstration episodes to generate; 0 skips the warm-up."""
+    steps: int = Field(200, ge=1, le=1_000_000)
+    """Supervised optimizer steps."""
+    learning_rate: float = Field(3e-3, gt=0.0, le=1.0)
+    """AdamW learning rate of the warm-up."""
+    batch_size: int = Field(8, ge=1, le=4096)
+    """Demonstrations per supervised step."""
+
+
 class TrainingSpec(ApiModel):
     """The optimisation loop."""
 
@@ -145,6 +161,8 @@ class TrainingSpec(ApiModel):
     """async only: the oldest policy version a trajectory may come from, in versions behind the learner."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for sampling tasks, the learner and the rollout engines."""
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    """Supervised warm-up on demonstrations before RL (off unless demonstrations > 0)."""
 
     cross_field_rules = (
         CrossFieldRule(

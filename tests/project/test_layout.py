@@ -53,3 +53,17 @@ def test_make_install_is_up_to_date_after_installing():
     # `make -q` exits 0 only when nothing would be rebuilt: a second `make install` does no work.
     result = subprocess.run(["make", "-q", "install"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, "make install would run again: " + result.stdout + result.stderr
+
+
+def test_every_import_package_is_in_the_distribution():
+    # pyproject lists packages explicitly (they live in the design card's folders); a folder missing from
+    # the list works in an editable install and is silently absent from the wheel the images install
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for package, folder in PACKAGES.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder)
+            found.add(".".join([package, *relative.parts]))
+    assert found == listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"

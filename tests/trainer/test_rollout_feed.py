@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from kuberl.api.trajectory import Trajectory
-from kuberl_trainer.rollout_client import SubmittedGroup
+from kuberl_trainer.rollout_client import Collected, NoRolloutServer, SubmittedGroup
 from kuberl_trainer.rollout_feed import FeedState, RolloutFeed, admissible, staleness
 
 
@@ -24,14 +24,24 @@ def trajectory(group_id: str, task_id: str, index: int, version: int, error: str
 class WorkQueue:
     """Groups submitted; `finish(version)` completes every open one as if sampled by `version`."""
 
-    def __init__(self) -> None:
+    def __init__(self, servers: int = 1) -> None:
         self.ids = itertools.count()
         self.open: list[SubmittedGroup] = []
         self.done: list[Trajectory] = []
         self.submitted: list[SubmittedGroup] = []
+        self.servers, self.down, self.lost = servers, set(), []
+
+    def crash(self, server: int) -> None:
+        """The server dies with its open groups; the next collect reports it lost."""
+        self.open = [g for g in self.open if g.server != server]
+        self.down.add(server)
+        self.lost.append(server)
 
     def submit(self, task_id: str, size: int, seed: int) -> SubmittedGroup:
-        group = SubmittedGroup(f"g{next(self.ids)}", task_id, seed, size, 0)
+        up = [s for s in range(self.servers) if s not in self.down]
+        if not up:
+            raise NoRolloutServer("all down")
+        group = SubmittedGroup(f"g{next(self.ids)}", task_id, seed, size, up[len(self.submitted) % len(up)])
         self.open.append(group)
         self.submitted.append(group)
         return group
@@ -42,9 +52,10 @@ class WorkQueue:
             self.done += [trajectory(g.group_id, g.task_id, i, version, "sandbox lost" if error_first and i == 0
                                      else None) for i in range(g.size)]  # fmt: skip
 
-    def collect(self, wait: float) -> list[Trajectory]:
+    def collect(self, wait: float) -> Collected:
         out, self.done = self.done, []
-        return out
+        lost, self.lost = self.lost, []
+        return Collected(out, lost=lost)
 
 
 def feed(queue: WorkQueue, asynchronous: bool, max_staleness: int = 1, state: FeedState | None = None):
@@ -107,7 +118,57 @@ def test_async_drops_and_resubmits_groups_beyond_the_staleness_bound():
     assert sorted(resubmitted) == ["t2", "t3"]  # the dropped groups' tasks are generated again
 
 
-def test_errored_trajectories_are_left_out_and_counted():
+def test_a_group_with_a_failed_episode_is_run_again():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=False)
+    attempts = iter([True, False])  # the first run loses its sandbox, the re-run is fine
+
+    def servers() -> bool:
+        if queue.open:
+            queue.finish(version=0, error_first=next(attempts, False))
+        return False
+
+    batch = f.next_batch(version=0, stop=servers, poll=0)
+    assert batch.failed == 0 and len(batch.trajectories) == 4 and batch.resubmitted == 2
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1"]  # same tasks, same seeds
+    assert [g.seed for g in queue.submitted[2:]] == [100, 101]
+
+
+def test_the_groups_of_a_lost_server_are_submitted_again_elsewhere():
+    queue = WorkQueue(servers=2)
+    f = feed(queue, asynchronous=False)
+    polls = itertools.count()
+
+    def servers() -> bool:
+        if next(polls) == 0:
+            queue.crash(1)  # one of the two groups was on server 1
+        else:
+            queue.finish(version=0)
+        return False
+
+    batch = f.next_batch(version=0, stop=servers, poll=0)
+    assert len(batch.trajectories) == 4 and batch.resubmitted == 1
+    assert sorted(t.task_id for t in batch.trajectories) == ["t0", "t0", "t1", "t1"]
+    assert queue.submitted[-1].server == 0
+
+
+def test_when_every_server_is_down_groups_wait_and_are_placed_later():
+    queue = WorkQueue()
+    queue.down.add(0)
+    f = feed(queue, asynchronous=False)
+    polls = itertools.count()
+
+    def servers() -> bool:
+        if next(polls) == 2:
+            queue.down.clear()  # the replacement is up
+        queue.finish(version=0)
+        return False
+
+    batch = f.next_batch(version=0, stop=servers, poll=0)
+    assert len(batch.trajectories) == 4 and [g.task_id for g in queue.submitted] == ["t0", "t1"]
+
+
+def test_errored_trajectories_are_left_out_and_counted_after_the_reruns():
     queue = WorkQueue()
     f = feed(queue, asynchronous=False)
     batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=True) or False, poll=0)

@@ -185,15 +185,16 @@ def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingSta
     client = RolloutClient(urls)
     asynchronous = spec.training.mode == TrainingMode.ASYNC
     saved = FeedState(state.task_cursor, state.pending_trajectories, [tuple(x) for x in state.in_flight])
-    feed = RolloutFeed(client, task_ids, spec.algorithm.group_size,
-                       spec.training.trajectories_per_step // spec.algorithm.group_size, asynchronous,
-                       spec.training.max_staleness, spec.training.seed, saved)  # fmt: skip
+    publisher = WeightPublisher(client, background=asynchronous)
+    groups_per_step = spec.training.trajectories_per_step // spec.algorithm.group_size
+    feed = RolloutFeed(client, task_ids, spec.algorithm.group_size, groups_per_step, asynchronous,
+                       spec.training.max_staleness, spec.training.seed, saved, on_restart=publisher.catch_up)  # fmt: skip
     metrics = LearnerMetrics()
     if metrics_port is not None:
         metrics.serve(metrics_port)
     status = StatusFile(run_dir / "status.json")
     status.update(step=state.step, policy_version=state.policy_version)
-    return Driver(feed, WeightPublisher(client, background=asynchronous), client, metrics, status)
+    return Driver(feed, publisher, client, metrics, status)
 
 
 def _publish(model, driver: Driver | None, version: int) -> None:
@@ -217,7 +218,7 @@ def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waite
         "step": state.step, "policy_version": state.policy_version, "loss": report["loss"],
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
         "solve_rate": float((rewards >= 1.0).float().mean()), "trajectories": len(batch.trajectories),
-        "failed": batch.failed, "stale_dropped": batch.stale_dropped,
+        "failed": batch.failed, "stale_dropped": batch.stale_dropped, "resubmitted": batch.resubmitted,
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
         "staleness_max": max(batch.staleness, default=0), "mismatch_kl": report["mismatch_kl"],
         "kl_ref": report["kl_ref"], "entropy": report["entropy"], "value_loss": report["value_loss"],
@@ -248,6 +249,7 @@ def _record(driver: Driver, line: dict, report: dict, collated, batch: Batch, ch
     m.trajectories.labels("trained").inc(len(batch.trajectories))
     m.trajectories.labels("failed").inc(batch.failed)
     m.trajectories.labels("stale").inc(batch.stale_dropped)
+    m.resubmitted.inc(batch.resubmitted)
     for phase, key in zip(PHASES, ("wait_s", "train_s", "weight_sync_s", "checkpoint_s"), strict=True):
         m.phase_seconds.labels(phase).observe(line[key])
     for value in batch.staleness:

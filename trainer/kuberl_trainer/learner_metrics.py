@@ -42,6 +42,9 @@ class LearnerMetrics:
         self.skipped = Counter("kuberl_learner_skipped_steps_total", "Steps skipped for a non-finite loss or gradient.",
                                registry=r)  # fmt: skip
         self.trained_tokens = Counter("kuberl_learner_trained_tokens_total", "Generated tokens trained on.", registry=r)
+        self.resubmitted = Counter("kuberl_learner_groups_resubmitted_total",
+                                   "Task groups submitted again (a lost rollout server, a failed episode).",
+                                   registry=r)  # fmt: skip
         self.trajectories = Counter("kuberl_learner_trajectories_total", "Trajectories received, by outcome.",
                                     ["outcome"], registry=r)  # fmt: skip
         self.phase_seconds = Histogram(

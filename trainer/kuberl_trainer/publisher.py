@@ -15,9 +15,11 @@ class WeightPublisher:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_seconds = 0.0  # of the latest finished upload
+        self.latest: tuple[int, bytes] | None = None  # kept for servers that come back without it
 
     def publish(self, version: int, blob: bytes) -> None:
         self.wait()  # versions arrive in order: one upload at a time
+        self.latest = (version, blob)
         if not self.background:
             self._upload(version, blob)
             self.wait()
@@ -32,6 +34,12 @@ class WeightPublisher:
         except BaseException as err:  # raised in the training loop by wait()
             self._error = err
         self.last_seconds = time.monotonic() - started
+
+    def catch_up(self, server: int) -> None:
+        """Give a server that came back (with its initial weights) the latest published version."""
+        self.wait()
+        if self.latest is not None:
+            self.client.catch_up(server, *self.latest)
 
     def wait(self) -> None:
         if self._thread is not None:

@@ -1,14 +1,26 @@
 """The learner's side of the rollout servers' work API: submit task groups, collect finished
-trajectories, publish weights. Groups go round robin over the servers."""
+trajectories, publish weights. Groups go round robin over the servers that answer.
+
+Servers come and go (a crash, a spot preemption, a replacement): a server that does not answer is
+marked down and skipped; one that answers with a new boot id has restarted, lost its groups and
+serves its initial weights. `collect` reports both, so the caller can re-submit that server's groups
+and send it the current weights.
+"""
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import httpx
 
 from kuberl.api.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class NoRolloutServer(RuntimeError):
+    """No rollout server answered."""
 
 
 @dataclass(frozen=True)
@@ -20,37 +32,99 @@ class SubmittedGroup:
     server: int
 
 
+@dataclass
+class Collected:
+    trajectories: list[Trajectory] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)  # servers that went down or restarted: their groups are gone
+    restarted: list[int] = field(default_factory=list)  # servers back with a new boot id (initial weights)
+
+
 class RolloutClient:
     def __init__(self, urls: list[str], timeout: float = 600.0) -> None:
         if not urls:
             raise ValueError("the learner needs at least one rollout server URL (--rollout-url)")
         self.urls = urls
-        self.http = [httpx.Client(base_url=u, timeout=timeout) for u in urls]
-        self._next = itertools.cycle(range(len(urls)))
+        self.http = [httpx.Client(base_url=u, timeout=httpx.Timeout(timeout, connect=5.0)) for u in urls]
+        self.boot_ids: list[str | None] = [None] * len(urls)
+        self.down: set[int] = set()
+        self._turn = 0
 
     def submit(self, task_id: str, size: int, seed: int) -> SubmittedGroup:
-        server = next(self._next)
-        r = self.http[server].post("/v1/groups", json={"taskId": task_id, "groupSize": size, "seed": seed})
-        r.raise_for_status()
-        return SubmittedGroup(r.json()["groupId"], task_id, seed, size, server)
+        """Start a group on the next server that accepts it."""
+        for _ in range(len(self.http)):
+            server, self._turn = self._turn, (self._turn + 1) % len(self.http)
+            if server in self.down:
+                continue
+            try:
+                r = self.http[server].post("/v1/groups", json={"taskId": task_id, "groupSize": size, "seed": seed})
+                r.raise_for_status()
+            except httpx.TransportError as err:
+                self._mark_down(server, err)
+                continue
+            return SubmittedGroup(r.json()["groupId"], task_id, seed, size, server)
+        raise NoRolloutServer(f"no rollout server accepts work ({len(self.down)} of {len(self.http)} down)")
 
-    def collect(self, wait: float) -> list[Trajectory]:
-        """Finished trajectories from every server, long-polling each up to `wait` seconds split among them."""
-        found = []
-        for http in self.http:
-            params = {"wait": wait / len(self.http), "limit": 1024}
-            body = http.get("/v1/trajectories", params=params).raise_for_status().json()
-            found += [Trajectory.model_validate(t) for t in body["trajectories"]]
-        return found
+    def collect(self, wait: float) -> Collected:
+        """Finished trajectories from every server (long-polling each up to `wait` / servers seconds), and
+        which servers were lost or came back since the last call."""
+        out = Collected()
+        for server, http in enumerate(self.http):
+            try:
+                body = http.get("/v1/trajectories", params={"wait": wait / len(self.http), "limit": 1024})
+                body = body.raise_for_status().json()
+            except (httpx.TransportError, httpx.HTTPStatusError) as err:
+                if server not in self.down:
+                    out.lost.append(server)
+                self._mark_down(server, err)
+                continue
+            previous = self.boot_ids[server]
+            self.boot_ids[server] = body["bootId"]
+            rebooted = previous is not None and previous != body["bootId"]
+            if rebooted or server in self.down:
+                out.restarted.append(server)  # it may lack the current weights
+                if rebooted and server not in out.lost and server not in self.down:
+                    out.lost.append(server)  # restarted between two polls: its groups are gone too
+            self.down.discard(server)
+            out.trajectories += [Trajectory.model_validate(t) for t in body["trajectories"]]
+        return out
 
-    def publish(self, version: int, blob: bytes) -> None:
-        """Send the weights of `version` to every server (each applies it between episodes)."""
-        for http in self.http:
-            http.put(f"/v1/weights/{version}/buckets/0", params={"of": 1}, content=blob).raise_for_status()
+    def publish(self, version: int, blob: bytes, servers: list[int] | None = None) -> list[int]:
+        """Send the weights of `version` to the servers (all by default); returns those that took them.
+        A server that is down gets them when it comes back."""
+        took = []
+        for server in range(len(self.http)) if servers is None else servers:
+            try:
+                self.http[server].put(f"/v1/weights/{version}/buckets/0", params={"of": 1},
+                                      content=blob).raise_for_status()  # fmt: skip
+            except httpx.TransportError as err:
+                self._mark_down(server, err)
+                continue
+            took.append(server)
+        return took
+
+    def catch_up(self, server: int, version: int, blob: bytes) -> bool:
+        """Send `version` to one server unless it already serves it (or newer); True when it has it now."""
+        try:
+            served = self.http[server].get("/v1/policy").raise_for_status().json()["version"]
+        except httpx.TransportError as err:
+            self._mark_down(server, err)
+            return False
+        return served >= version or bool(self.publish(version, blob, [server]))
 
     def served_versions(self) -> list[int]:
-        return [http.get("/v1/policy").raise_for_status().json()["version"] for http in self.http]
+        versions = []
+        for server, http in enumerate(self.http):
+            try:
+                versions.append(http.get("/v1/policy").raise_for_status().json()["version"])
+            except httpx.TransportError as err:
+                self._mark_down(server, err)
+        return versions or [0]
 
     def close(self) -> None:
         for http in self.http:
             http.close()
+
+    def _mark_down(self, server: int, err: Exception) -> None:
+        if server not in self.down:
+            log.warning("rollout server %s is down (%s)", self.urls[server], err)
+        self.down.add(server)

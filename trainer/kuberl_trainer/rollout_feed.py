@@ -6,6 +6,10 @@ trajectory comes from the current policy. Async: enough groups stay in flight th
 waits for training (`maxStaleness + 1` batches); a group is admitted while its oldest token is at most
 `maxStaleness` versions behind the learner, else it is dropped, counted and its task submitted again.
 A group is the unit of admission because group-relative advantages need all of its members.
+
+Nothing is lost to a failure: the groups of a rollout server that went down or restarted are submitted
+again elsewhere, and a group with a failed episode (a sandbox lost mid-trajectory) is run again, up
+to `MAX_RERUNS` times, before it is trained without the failed members.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kuberl.api.trajectory import Trajectory
-from kuberl_trainer.rollout_client import RolloutClient, SubmittedGroup
+from kuberl_trainer.rollout_client import NoRolloutServer, RolloutClient, SubmittedGroup
+
+MAX_RERUNS = 2
 
 
 def staleness(trajectory: Trajectory, learner_version: int) -> int:
@@ -32,6 +38,7 @@ class Batch:
     trajectories: list[Trajectory]  # usable (no error), grouped: members of a group are adjacent
     failed: int  # trajectories that ended with an error and were left out
     stale_dropped: int  # trajectories dropped for exceeding maxStaleness since the previous batch
+    resubmitted: int  # groups submitted again since the previous batch (lost server, failed episode)
     staleness: list[int]  # per usable trajectory, at the learner version it is trained at
     wait_seconds: float
 
@@ -48,8 +55,8 @@ class FeedState:
 
 class RolloutFeed:
     def __init__(self, client: RolloutClient, task_ids: list[str], group_size: int, groups_per_step: int,
-                 asynchronous: bool, max_staleness: int, seed: int,
-                 state: FeedState | None = None) -> None:  # fmt: skip
+                 asynchronous: bool, max_staleness: int, seed: int, state: FeedState | None = None,
+                 on_restart: Callable[[int], None] | None = None) -> None:  # fmt: skip
         if not task_ids:
             raise ValueError("no tasks to train on: check spec.environment.tasks")
         self.client, self.task_ids, self.group_size = client, task_ids, group_size
@@ -62,7 +69,11 @@ class RolloutFeed:
         self.received: dict[str, list[Trajectory]] = {}
         self.ready: list[list[Trajectory]] = _regroup([Trajectory.model_validate(t) for t in state.ready])
         self.orphans = 0  # trajectories of groups this learner did not submit (before a restart)
+        self.on_restart = on_restart  # a server came back: it needs the current weights
         self._stale_dropped = 0
+        self._resubmitted = 0
+        self._reruns: dict[tuple[str, int], int] = {}
+        self._unplaced: list[tuple[str, int]] = []  # groups to submit once a server answers
         for task_id, group_seed in state.in_flight:
             self._submit(task_id, group_seed)
 
@@ -74,22 +85,29 @@ class RolloutFeed:
         while len(self.ready) < self.groups_per_step:
             if stop():
                 return None
-            for trajectory in self.client.collect(wait=poll):
+            collected = self.client.collect(wait=poll)
+            for server in collected.lost:
+                self._resubmit_from(server)
+            for server in collected.restarted:
+                if self.on_restart is not None:
+                    self.on_restart(server)
+            for trajectory in collected.trajectories:
                 self._receive(trajectory, version)
             self._refill()
         groups, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
         usable = [t for g in groups for t in g if t.error is None]
         failed = sum(len(g) for g in groups) - len(usable)
-        batch = Batch(usable, failed, self._stale_dropped, [staleness(t, version) for t in usable],
+        batch = Batch(usable, failed, self._stale_dropped, self._resubmitted, [staleness(t, version) for t in usable],
                       time.monotonic() - started)  # fmt: skip
-        self._stale_dropped = 0
+        self._stale_dropped = self._resubmitted = 0
         if self.asynchronous:
             self._refill()  # the next batch is generated while this one trains
         return batch
 
     def state(self) -> FeedState:
+        in_flight = [(g.task_id, g.seed) for g in self.in_flight.values()] + list(self._unplaced)
         return FeedState(self.cursor, [t.model_dump(mode="json", by_alias=True) for g in self.ready for t in g],
-                         [(g.task_id, g.seed) for g in self.in_flight.values()])  # fmt: skip
+                         in_flight)  # fmt: skip
 
     # ------------------------------------------------------------------------------------ inside
     def _target_in_flight(self) -> int:
@@ -97,18 +115,40 @@ class RolloutFeed:
         return batches * self.groups_per_step
 
     def _refill(self) -> None:
-        # sync: only when nothing is outstanding, i.e. at the start of a batch, after weights were published
-        if not self.asynchronous and (self.in_flight or self.ready):
+        while self._unplaced and self._place(*self._unplaced[0]):
+            self._unplaced.pop(0)
+        # sync: new groups only when nothing is outstanding, i.e. at the start of a batch, after the
+        # weights were published
+        if not self.asynchronous and (self.in_flight or self.ready or self._unplaced):
             return
-        while len(self.in_flight) + len(self.ready) < self._target_in_flight():
+        while len(self.in_flight) + len(self.ready) + len(self._unplaced) < self._target_in_flight():
             task_id = self.task_ids[self.cursor % len(self.task_ids)]
-            self._submit(task_id, self.seed + self.cursor)
+            if not self._place(task_id, self.seed + self.cursor):
+                return  # every server is down: try again at the next poll
             self.cursor += 1
 
     def _submit(self, task_id: str, seed: int) -> None:
-        group = self.client.submit(task_id, self.group_size, seed)
+        """Submit now, or as soon as a server answers (the group is never dropped)."""
+        if not self._place(task_id, seed):
+            self._unplaced.append((task_id, seed))
+
+    def _place(self, task_id: str, seed: int) -> bool:
+        try:
+            group = self.client.submit(task_id, self.group_size, seed)
+        except NoRolloutServer:
+            return False
         self.in_flight[group.group_id] = group
         self.received[group.group_id] = []
+        return True
+
+    def _resubmit_from(self, server: int) -> None:
+        """The groups of a lost server, submitted again (to the servers that answer)."""
+        lost = [g for g in self.in_flight.values() if g.server == server]
+        for group in lost:
+            del self.in_flight[group.group_id], self.received[group.group_id]
+        for group in lost:
+            self._resubmitted += 1
+            self._submit(group.task_id, group.seed)
 
     def _receive(self, trajectory: Trajectory, version: int) -> None:
         group = self.in_flight.get(trajectory.group_id)
@@ -121,6 +161,12 @@ class RolloutFeed:
             return
         del self.in_flight[group.group_id], self.received[group.group_id]
         members.sort(key=lambda t: t.trajectory_id)  # arrival order varies; training must not
+        key = (group.task_id, group.seed)
+        if any(t.error is not None for t in members) and self._reruns.get(key, 0) < MAX_RERUNS:
+            self._reruns[key] = self._reruns.get(key, 0) + 1  # e.g. its sandbox was lost mid-episode
+            self._resubmitted += 1
+            self._submit(group.task_id, group.seed)
+            return
         if self._admit(members, version, resubmit=(group.task_id, group.seed)):
             self.ready.append(members)
 

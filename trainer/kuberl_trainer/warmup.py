@@ -1,0 +1,141 @@
+"""The supervised warm-up: teach a fresh model the agent's tool format before RL.
+
+A tiny model cannot discover the `<tool_call>` syntax by sampling, so RL would see no reward at all. The
+warm-up plays scripted episodes against a real sandbox (run the tests, read the module, replace the buggy
+text, run the tests again, submit) and fine-tunes on their calls. The replacement is always one of the
+task's *wrong* candidates, never its fix: the model learns how to act and where to look, and any rise in
+solve rate afterwards is RL's doing (reading the right expression off the failing test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from kuberl.api.environment import RewardContext, Task, ToolCall
+from kuberl.api.rljob import RLJob
+from kuberl.modeling.chat import ChatFormat
+from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+from kuberl_sandbox.suites import load_tasks
+from kuberl_trainer.demonstrations import Demonstration, record_demonstration
+from kuberl_trainer.sft import supervised_fit
+
+
+def wrong_edits(task: Task) -> list[str]:
+    """The task's candidate replacements of its buggy text that are not the fix."""
+    meta = task.metadata
+    wrong = [c for c in meta.get("candidates", []) if c != meta.get("fix") and c != meta.get("buggy")]
+    if not wrong or "file" not in meta or "buggy" not in meta:
+        raise ValueError(f"task {task.task_id}: demonstrations need metadata file, buggy, fix and wrong candidates")
+    return wrong
+
+
+def scripted_calls(task: Task, rng: random.Random) -> list[ToolCall]:
+    """One demonstration's calls: the swe-toy workflow with a random wrong edit (never the fix)."""
+    meta = task.metadata
+    edit = {"path": meta["file"], "old": meta["buggy"], "new": rng.choice(wrong_edits(task))}
+    return [
+        ToolCall(name="run_tests", arguments={}),  # first, so the failure message is in context for the edit
+        ToolCall(name="read_file", arguments={"path": meta["file"]}),
+        ToolCall(name="replace", arguments=edit),
+        ToolCall(name="run_tests", arguments={}),
+        ToolCall(name="submit", arguments={}),
+    ]
+
+
+def _no_reward(context: RewardContext) -> None:
+    """Demonstrations are not scored: only their tokens are used."""
+    return None
+
+
+async def make_demonstrations(
+    tasks: Sequence[Task],
+    count: int,
+    sandbox_url: str,
+    sandbox_token: str,
+    chat: ChatFormat,
+    seed: int = 0,
+    concurrency: int = 8,
+    system_prompt: str = SWE_SYSTEM_PROMPT,
+) -> list[Demonstration]:
+    """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in the sandbox; returns them in order."""
+    if not tasks:
+        raise ValueError("no tasks to demonstrate: check spec.environment.tasks")
+    rng = random.Random(seed)
+    order = list(tasks)
+    rng.shuffle(order)
+    plan = [(order[i % len(order)], scripted_calls(order[i % len(order)], rng)) for i in range(count)]
+    client = SandboxClient(sandbox_url, sandbox_token)
+    slots = asyncio.Semaphore(concurrency)
+    finished = 0
+
+    async def play(task: Task, calls: list[ToolCall]) -> Demonstration:
+        nonlocal finished
+        async with slots:
+            env = SandboxEnvironment(client, _no_reward)
+            try:
+                demo = await record_demonstration(env, chat, system_prompt, task, calls)
+            finally:
+                await env.close()
+        finished += 1
+        if finished % max(count // 5, 1) == 0 or finished == count:
+            print(f"warm-up: {finished}/{count} demonstrations played", flush=True)
+        return demo
+
+    try:
+        return list(await asyncio.gather(*(play(task, calls) for task, calls in plan)))
+    finally:
+        await client.aclose()
+
+
+def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, sandbox_url: str, sandbox_token: str) -> dict:
+    """Generate demonstrations on the training split, fine-tune `model_path` on them and save to `out_path`.
+
+    Returns {demonstrations, tokens, max_tokens, steps, final_loss, demo_seconds, fit_seconds, seconds}."""
+    from transformers import AutoTokenizer
+
+    warmup, env = job.spec.training.warmup, job.spec.environment
+    if warmup.demonstrations == 0:
+        raise ValueError("spec.training.warmup.demonstrations is 0: the warm-up is off")
+    started = time.monotonic()
+    tasks = load_tasks(env.name, env.tasks.uri, str(env.tasks.split))
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
+    print(f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks",
+          flush=True)  # fmt: skip
+    demos = asyncio.run(make_demonstrations(tasks, warmup.demonstrations, sandbox_url, sandbox_token, chat,
+                                            seed=job.spec.training.seed))  # fmt: skip
+    unfinished = sum(not d.final_done for d in demos)
+    if unfinished:
+        raise RuntimeError(f"{unfinished} demonstrations never reached submit: the sandbox refused a scripted call")
+    longest = max(len(d.token_ids) for d in demos)
+    if longest > env.max_tokens_per_trajectory:
+        # a demonstration the rollout tier would cut off teaches a workflow the agent cannot finish
+        print(f"warm-up: warning: a demonstration has {longest} tokens, over maxTokensPerTrajectory "
+              f"({env.max_tokens_per_trajectory})", flush=True)  # fmt: skip
+    demo_seconds = time.monotonic() - started
+    print(f"warm-up: {len(demos)} demonstrations in {demo_seconds:.1f}s (longest {longest} tokens); "
+          f"fine-tuning for {warmup.steps} steps", flush=True)  # fmt: skip
+    fit_started = time.monotonic()
+    losses = supervised_fit(model_path, [(d.token_ids, d.loss_mask) for d in demos], out_path, steps=warmup.steps,
+                            learning_rate=warmup.learning_rate, batch_size=warmup.batch_size,
+                            seed=job.spec.training.seed)  # fmt: skip
+    fit_seconds = time.monotonic() - fit_started
+    tail = losses[-10:]
+    stats = {
+        "demonstrations": len(demos),
+        "tokens": sum(len(d.token_ids) for d in demos),
+        "max_tokens": longest,
+        "steps": len(losses),
+        "first_loss": round(losses[0], 4),
+        "final_loss": round(sum(tail) / len(tail), 4),  # the mean of the last steps: one batch is noisy
+        "demo_seconds": round(demo_seconds, 1),
+        "fit_seconds": round(fit_seconds, 1),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(f"warm-up: done, loss {stats['first_loss']} -> {stats['final_loss']} in {stats['seconds']}s; "
+          f"model saved to {out_path}", flush=True)  # fmt: skip
+    return stats
