@@ -188,7 +188,8 @@ def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingSta
     publisher = WeightPublisher(client, background=asynchronous)
     groups_per_step = spec.training.trajectories_per_step // spec.algorithm.group_size
     feed = RolloutFeed(client, task_ids, spec.algorithm.group_size, groups_per_step, asynchronous,
-                       spec.training.max_staleness, spec.training.seed, saved, on_restart=publisher.catch_up)  # fmt: skip
+                       spec.training.max_staleness, spec.training.seed, saved,
+                       on_restart=publisher.catch_up)  # fmt: skip
     metrics = LearnerMetrics()
     if metrics_port is not None:
         metrics.serve(metrics_port)
