@@ -103,6 +103,45 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
     click.echo(f"wrote {folder}")
 
 
+@main.command("run")
+@click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--resume", is_flag=True, help="Continue a stopped run of this job from its newest checkpoint.")
+@click.option("--run-dir", default=None, help="Where the run's files go [runs/<job>].")
+def run_command(job_file: str, resume: bool, run_dir: str | None) -> None:
+    """Run the whole RLJob on this machine: sandbox servers, rollout servers (vLLM) and the learner as
+    local processes, supervised like the operator would, with progress, breakers and a learning curve."""
+    from pathlib import Path
+
+    from kuberl.local.runner import RunError, run_job
+    from kuberl.storage import LocalCopyError, local_copy
+    from kuberl.validation import ManifestError, load_rljob
+
+    try:
+        job = load_rljob(job_file)
+        model = str(local_copy(job.spec.model.uri))
+    except LocalCopyError as err:
+        hint = "the demo's tiny model: `kuberl build-tiny-model PATH`"
+        raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
+    except (ManifestError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    warm_up = None
+    if job.spec.training.warmup.demonstrations:
+        from kuberl_trainer.warmup import warm_up as warm_up_job
+
+        def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
+            warm_up_job(job, model_path, out, sandbox_url, token)
+            return out
+
+    try:
+        record = run_job(job, Path(job_file), Path(run_dir or f"runs/{job.name}"), model, resume, warm_up=warm_up)
+    except RunError as err:
+        raise click.UsageError(str(err)) from None
+    click.echo(f"\n{job.name}: {record.phase}" + (f" ({record.reason})" if record.reason else "")
+               + f" at step {record.step}: {record.message}")  # fmt: skip
+    if record.phase == "Failed":
+        raise SystemExit(1)
+
+
 @main.command("rollout-server")
 @click.argument("job_file", metavar="JOB.yaml")
 @click.option("--host", default="0.0.0.0", show_default=True)

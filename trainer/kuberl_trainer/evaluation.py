@@ -69,7 +69,10 @@ def evaluate(client: RolloutClient, tasks: Sequence[Task], episodes_per_task: in
                 raise
             waiting.pop(0)
             mine[group.group_id] = group.size
-        for trajectory in client.collect(wait=poll):
+        collected = client.collect(wait=poll)
+        if collected.lost:
+            raise RuntimeError(f"evaluation: rollout server(s) {collected.lost} went down or restarted; run it again")
+        for trajectory in collected.trajectories:
             if trajectory.group_id not in mine:
                 foreign += 1
                 continue

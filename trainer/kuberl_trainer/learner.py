@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -99,6 +100,8 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
         _publish(model, driver, state.policy_version)
 
     loss_config = loss_config_for(job)
+    # chaos hook for the breaker tests: from this step on, every loss is NaN
+    nan_from = int(os.environ["KUBERL_FAULT_NAN_FROM_STEP"]) if os.environ.get("KUBERL_FAULT_NAN_FROM_STEP") else None
     mini_batches = spec.training.mini_batches
     history: list[dict] = []
     saved_step, saved_at = state.step, time.monotonic()
@@ -130,6 +133,8 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
         if ppo:
             values = predict(model, tokens.to(device)).values.cpu()
             tokens = with_gae(part, values, spec.algorithm)
+        if nan_from is not None and state.step + 1 >= nan_from:
+            tokens.advantages = torch.full_like(tokens.advantages, float("nan"))  # fault injection (tests)
         report = train_step(model, optimizer, tokens.to(device), loss_config, spec.training.max_grad_norm, world,
                             mini_batches, reference, spec.algorithm.value_coef,
                             before_update=checkpointer.ready_for_update)  # fmt: skip

@@ -1,0 +1,1 @@
+"""`kuberl run`: one RLJob on one machine, with the entrypoints the operator runs in pods."""

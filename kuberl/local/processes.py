@@ -1,0 +1,70 @@
+"""What `kuberl run` starts for a job: the same entrypoints as the operator's pods, as local processes.
+A pure function from the job to process specs (argv, env, readiness URL); no I/O."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kuberl.api.rljob import RLJob
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str  # sandbox-0, rollout-0, learner
+    tier: str  # sandbox | rollout | learner (restarts count per tier)
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready_url: str | None = None  # polled until 200 before the next tier starts; None: no readiness
+    log: Path = Path("/dev/null")
+
+
+@dataclass(frozen=True)
+class Ports:
+    sandboxes: list[int]
+    rollouts: list[int]
+    learner_metrics: int
+
+
+def local_replicas(job: RLJob) -> tuple[int, int, int]:
+    """(sandboxes, rollout servers, learner ranks) on this machine."""
+    spec = job.spec
+    return max(1, spec.sandbox.min_replicas), spec.rollout.replicas, spec.learner.replicas
+
+
+def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Ports, sandbox_token: str,
+         sandbox_root: Path, cpus: int) -> list[ProcessSpec]:  # fmt: skip
+    """Sandbox servers, then rollout servers, then the learner (torchrun when it has several ranks).
+    `sandbox_root` must be traversable by the sessions' own uids (e.g. a 0711 folder under /tmp)."""
+    python = [sys.executable, "-m", "kuberl.cli"]
+    logs = run_dir / "logs"
+    sandbox_urls = [f"http://127.0.0.1:{p}" for p in ports.sandboxes]
+    rollout_urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
+    spec = job.spec
+    token = {"KUBERL_SANDBOX_TOKEN": sandbox_token}
+    out = [
+        ProcessSpec(f"sandbox-{i}", "sandbox",
+                    [*python, "sandbox", "--host", "127.0.0.1", "--port", str(port), "--root",
+                     str(sandbox_root / str(i)), "--session-timeout", spec.sandbox.session.timeout,
+                     "--max-sessions", str(max(spec.sandbox.sessions_per_pod, spec.rollout.concurrent_sessions))],
+                    token, f"{sandbox_urls[i]}/readyz", logs / f"sandbox-{i}.log")
+        for i, port in enumerate(ports.sandboxes)
+    ]  # fmt: skip
+    for i, port in enumerate(ports.rollouts):
+        argv = [*python, "rollout-server", str(job_file), "--host", "127.0.0.1", "--port", str(port),
+                "--model", model_path, *(a for url in sandbox_urls for a in ("--sandbox-url", url))]  # fmt: skip
+        env = {**token, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        out.append(ProcessSpec(f"rollout-{i}", "rollout", argv, env, f"{rollout_urls[i]}/readyz",
+                               logs / f"rollout-{i}.log"))  # fmt: skip
+    ranks = spec.learner.replicas
+    tail = ["learner", str(job_file), "--model", model_path, "--run-dir", str(run_dir), "--metrics-port",
+            str(ports.learner_metrics), *(a for url in rollout_urls for a in ("--rollout-url", url))]  # fmt: skip
+    if ranks > 1:
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
+    else:
+        argv = [*python, *tail]
+    env = {"OMP_NUM_THREADS": str(max(1, cpus // ranks)), "HF_HUB_OFFLINE": "1"}
+    out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log"))
+    return out

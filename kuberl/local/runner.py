@@ -1,0 +1,219 @@
+"""`kuberl run JOB.yaml`: the whole RLJob on one machine.
+
+Stages: an optional supervised warm-up (spec.training.warmup), then RL with sandbox servers, rollout
+servers and the learner as supervised local processes. The runner is the operator's stand-in: it
+restarts crashed processes with back-off against limits.retryBudget, enforces the wall-clock and
+no-progress breakers from outside (the learner enforces max steps, non-finite loss and its own
+wall clock, and writes a final checkpoint whenever it stops), stops cleanly on Ctrl-C, shows progress,
+and leaves in `runs/<job>/`: metrics.jsonl, status.json (the learner's), job.json (the run's outcome,
+restarts and process events), learning_curve.png, logs/ and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.status import Phase, Reason
+from kuberl.api.types import parse_duration
+from kuberl.local.plots import plot_learning_curve
+from kuberl.local.processes import Ports, plan
+from kuberl.local.progress import ProgressPrinter, progress_line
+from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
+from kuberl_sandbox.local import free_port
+
+POLL_S = 0.5
+STOP_GRACE_S = 300.0  # a learner's final checkpoint of a large model takes a while
+
+
+class RunError(RuntimeError):
+    """A run that cannot start; the message says what to do."""
+
+
+@dataclass
+class RunRecord:
+    """runs/<job>/job.json: what a later `kuberl run --resume` and a reader of the run need."""
+
+    job: str
+    phase: str = str(Phase.PENDING)
+    reason: str | None = None
+    message: str = ""
+    step: int = 0
+    elapsed_s: float = 0.0  # wall clock spent by every run of this job so far (what maxWallClock limits)
+    runs: int = 0
+    restarts: dict[str, int] = field(default_factory=dict)
+    evaluations: dict[str, float] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__, indent=1))
+
+    @staticmethod
+    def load(path: Path) -> RunRecord:
+        return RunRecord(**json.loads(path.read_text()))
+
+
+@dataclass
+class Stop:
+    phase: Phase
+    reason: Reason | None
+    message: str
+
+
+def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: bool = False,
+            out: ProgressPrinter | None = None, on_step: Callable[[dict, Supervisor], None] | None = None,
+            warm_up: Callable[[str, str, str, str], str] | None = None) -> RunRecord:  # fmt: skip
+    """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
+    line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
+    token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder."""
+    out = out or ProgressPrinter()
+    record_file = run_dir / "job.json"
+    if (record_file.exists() or (run_dir / "metrics.jsonl").exists()) and not resume:
+        raise RunError(f"{run_dir} holds a previous run of {job.name}: continue it with `kuberl run --resume`, "
+                       f"or move the folder away to start over")  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = RunRecord.load(record_file) if record_file.exists() else RunRecord(job.name)
+    record.runs += 1
+    spec = job.spec
+    token = secrets.token_hex(16)
+    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir="/tmp"))
+    os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
+    sandboxes, rollouts, _ = (max(1, spec.sandbox.min_replicas), spec.rollout.replicas, spec.learner.replicas)
+    ports = Ports([free_port() for _ in range(sandboxes)], [free_port() for _ in range(rollouts)], free_port())
+    started = time.monotonic()
+    job_started_at = time.time() - record.elapsed_s  # the learner's wall clock continues across runs
+    stop_requested: list[str] = []
+
+    def on_signal(signum, frame) -> None:
+        stop_requested.append(signal.Signals(signum).name)
+
+    previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    if warm_up is not None:  # the rollout servers and the learner start from the warmed-up model
+        model_path = _warm_up_stage(run_dir, model_path, warm_up, out)
+    specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1)
+    supervisor = Supervisor(specs, spec.limits.retry_budget, log=out.message)
+    stop: Stop | None = None
+    try:
+        for s in specs:
+            if s.tier == "sandbox":
+                supervisor.start(s.name)
+        for s in specs:
+            if s.tier == "rollout":
+                out.message(f"starting {s.name} (vLLM; about half a minute on CPU)")
+                supervisor.start(s.name)
+        learner = next(s for s in specs if s.tier == "learner")
+        learner.env["KUBERL_JOB_STARTED_AT"] = str(job_started_at)
+        supervisor.start(learner.name)
+        out.message(f"training: metrics in {run_dir / 'metrics.jsonl'}, logs in {run_dir / 'logs'}")
+        stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step)
+    except RetryBudgetExhausted as err:
+        stop = Stop(Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, str(err))
+    finally:
+        supervisor.stop_all()
+        for s, handler in previous_handlers.items():
+            signal.signal(s, handler)
+        record.elapsed_s += time.monotonic() - started
+        record.restarts = dict(supervisor.restarts)
+        record.events += supervisor.events
+        if stop is not None:
+            record.phase, record.message = str(stop.phase), stop.message
+            record.reason = str(stop.reason) if stop.reason else None
+        record.step = _learner_status(run_dir).get("step", record.step)
+        record.save(record_file)
+        plot_learning_curve(_lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve",
+                            record.evaluations)  # fmt: skip
+    return record
+
+
+def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter) -> str:
+    """The warmed-up model folder: made once per job (a resumed run reuses it), with its own sandbox."""
+    from kuberl_sandbox.local import local_sandbox
+
+    warmed = run_dir / "warmup" / "model"
+    if (warmed / "config.json").exists():
+        out.message(f"warm-up: done before, using {warmed}")
+        return str(warmed)
+    out.message("warm-up: supervised fine-tuning on generated demonstrations (random edits, never the fix)")
+    with local_sandbox() as sandbox:
+        return warm_up(model_path, str(warmed), sandbox.url, sandbox.token)
+
+
+def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecord, started: float,
+             stop_requested: list[str], out: ProgressPrinter, on_step) -> Stop:  # fmt: skip
+    """Watch the learner until it stops (or a breaker or a signal stops it)."""
+    limits = job.spec.limits
+    wall_clock, no_progress = parse_duration(limits.max_wall_clock), parse_duration(limits.no_progress_timeout)
+    total = min(job.spec.training.total_steps, limits.max_steps or job.spec.training.total_steps)
+    seen = len(_lines(run_dir))
+    last_progress = time.monotonic()
+    breaker: Stop | None = None
+    step_times: list[float] = []
+    while True:
+        for name, code in supervisor.poll():
+            if name == "learner" and code == 0:
+                status = _learner_status(run_dir)
+                if breaker is not None:
+                    return breaker
+                phase = status.get("phase", str(Phase.STOPPED))
+                return Stop(Phase(phase), Reason(status["reason"]) if status.get("reason") else None,
+                            status.get("message", ""))  # fmt: skip
+        lines = _lines(run_dir)
+        for line in lines[seen:]:
+            last_progress = time.monotonic()
+            step_times.append(line["step_s"])
+            recent = step_times[-10:]
+            elapsed = record.elapsed_s + time.monotonic() - started
+            out.update(progress_line(line, total, elapsed, sum(recent) / len(recent)))
+            if line["step"] % 10 == 0:
+                plot_learning_curve(lines, run_dir / "learning_curve.png", f"{job.name}: learning curve")
+            if on_step is not None:
+                on_step(line, supervisor)
+        seen = len(lines)
+        if breaker is None:
+            elapsed = record.elapsed_s + time.monotonic() - started
+            if stop_requested:
+                breaker = Stop(Phase.STOPPED, None, f"stopped by {stop_requested[0]} after a final checkpoint")
+            elif elapsed >= wall_clock:
+                breaker = Stop(Phase.STOPPED, Reason.MAX_WALL_CLOCK_REACHED,
+                               f"ran {elapsed:.0f} s, limits.maxWallClock is {limits.max_wall_clock}")  # fmt: skip
+            elif time.monotonic() - last_progress >= no_progress:
+                message = f"no training step for limits.noProgressTimeout ({limits.no_progress_timeout})"
+                breaker = Stop(Phase.FAILED, Reason.NO_PROGRESS, message)
+            if breaker is not None:
+                out.message(f"stopping: {breaker.message}")
+                supervisor.signal("learner")  # it writes a final checkpoint, then exits 0
+                deadline = time.monotonic() + STOP_GRACE_S
+        elif time.monotonic() > deadline or not supervisor.running("learner"):
+            if supervisor.running("learner"):
+                out.message("the learner did not stop in time; killing it (its last complete checkpoint stands)")
+            return breaker
+        time.sleep(POLL_S)
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = []
+    for text in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:
+            break  # a line being written
+    return lines
+
+
+def _learner_status(run_dir: Path) -> dict:
+    path = run_dir / "status.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        return {}

@@ -1,0 +1,145 @@
+"""Keeping the job's processes running like Kubernetes would: start them in order, wait for readiness,
+restart a process that exits with exponential back-off, and count restarts per tier against the job's
+retry budget. Processes run in their own session so a Ctrl-C reaches only `kuberl run`, which stops
+them in order."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import httpx
+
+from kuberl.local.processes import ProcessSpec
+
+BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
+
+
+class RetryBudgetExhausted(RuntimeError):
+    pass
+
+
+@dataclass
+class Managed:
+    spec: ProcessSpec
+    proc: subprocess.Popen | None = None
+    failures: int = 0  # consecutive, for the back-off
+    restart_at: float | None = None  # when a crashed process may start again
+    finished: bool = False  # exited and is not to be restarted (the learner's clean stop)
+
+
+class Supervisor:
+    def __init__(self, specs: list[ProcessSpec], retry_budget: int, log=print) -> None:
+        self.managed = {s.name: Managed(s) for s in specs}
+        self.retry_budget, self.log = retry_budget, log
+        self.restarts: Counter[str] = Counter()  # per tier
+        self.events: list[dict] = []  # (time, what) of every start, exit and restart, for the run's record
+
+    def start(self, name: str, ready_timeout: float = 300.0) -> None:
+        """Start one process and wait until its readiness URL answers (if it has one)."""
+        m = self.managed[name]
+        m.spec.log.parent.mkdir(parents=True, exist_ok=True)
+        with m.spec.log.open("a") as out:
+            m.proc = subprocess.Popen(m.spec.argv, env={**os.environ, **m.spec.env}, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        m.restart_at, m.finished = None, False
+        self._event(name, "started", pid=m.proc.pid)
+        if m.spec.ready_url:
+            self._wait_ready(m, ready_timeout)
+            m.failures = 0
+            self._event(name, "ready")
+
+    def poll(self) -> list[tuple[str, int]]:
+        """Restart what crashed (after its back-off); returns (name, exit code) of processes that exited
+        since the last poll. The learner exiting 0 is not restarted: it stopped on purpose."""
+        exited = []
+        now = time.monotonic()
+        for name, m in self.managed.items():
+            if m.proc is not None and m.proc.poll() is not None:
+                code = m.proc.returncode
+                m.proc = None
+                exited.append((name, code))
+                self._event(name, "exited", code=code)
+                if m.spec.tier == "learner" and code == 0:
+                    m.finished = True
+                    continue
+                self._schedule_restart(m, f"exited with {code}")
+            elif m.proc is None and m.restart_at is not None and now >= m.restart_at:
+                try:
+                    self.start(name)
+                except (RuntimeError, TimeoutError) as err:  # it did not come up: the same as a crash
+                    self.signal(name, signal.SIGKILL)
+                    m.proc = None
+                    self._schedule_restart(m, f"failed to start ({str(err).splitlines()[0]})")
+                    continue
+                self._event(name, "restarted")
+        return exited
+
+    def _schedule_restart(self, m: Managed, why: str) -> None:
+        self.restarts[m.spec.tier] += 1
+        if sum(self.restarts.values()) > self.retry_budget:
+            raise RetryBudgetExhausted(f"{m.spec.name} {why}; {sum(self.restarts.values())} restarts exceed "
+                                       f"limits.retryBudget ({self.retry_budget}); see {m.spec.log}")  # fmt: skip
+        delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2**m.failures)
+        m.failures += 1
+        m.restart_at = time.monotonic() + delay
+        self.log(f"{m.spec.name} {why}; restarting in {delay:.0f} s (see {m.spec.log})")
+
+    def running(self, name: str) -> bool:
+        m = self.managed[name]
+        return m.proc is not None and m.proc.poll() is None
+
+    def signal(self, name: str, sig: int = signal.SIGTERM) -> None:
+        m = self.managed[name]
+        if m.proc is not None and m.proc.poll() is None:
+            os.killpg(m.proc.pid, sig)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process (fault injection and tests); the next poll restarts it."""
+        self.signal(name, signal.SIGKILL)
+
+    def wait(self, name: str, timeout: float) -> int | None:
+        m = self.managed[name]
+        if m.proc is None:
+            return None
+        try:
+            return m.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """SIGTERM every process group, then SIGKILL what is left after `timeout`."""
+        for name in reversed(list(self.managed)):
+            self.signal(name)
+            self.managed[name].restart_at = None
+        deadline = time.monotonic() + timeout
+        for m in self.managed.values():
+            if m.proc is None:
+                continue
+            try:
+                m.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(m.proc.pid, signal.SIGKILL)
+                m.proc.wait()
+            m.proc = None
+
+    def _wait_ready(self, m: Managed, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if m.proc.poll() is not None:
+                tail = m.spec.log.read_text()[-3000:] if m.spec.log.exists() else ""
+                raise RuntimeError(f"{m.spec.name} exited with {m.proc.returncode} while starting:\n{tail}")
+            try:
+                if httpx.get(m.spec.ready_url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{m.spec.name} not ready after {timeout:.0f} s; see {m.spec.log}")
+
+    def _event(self, name: str, what: str, **details) -> None:
+        self.events.append({"time": time.time(), "process": name, "event": what, **details})
