@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -118,3 +119,29 @@ def test_a_previous_run_is_never_overwritten(model, tmp_path):
                             capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
     assert result.returncode == 2 and "--resume" in result.stderr
     assert (tmp_path / "run" / "job.json").read_text() == "{}"
+
+
+def test_ctrl_c_stops_with_a_final_checkpoint_and_resume_continues(model, tmp_path):
+    _, path = job("resume", model, tmp_path, training={"totalSteps": 6})
+    argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None:
+        if (tmp_path / "run" / "metrics.jsonl").exists() and metrics(tmp_path / "run"):
+            break
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    output, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, output[-3000:]
+    record = json.loads((tmp_path / "run" / "job.json").read_text())
+    stopped_at = record["step"]
+    assert record["phase"] == "Stopped" and "SIGINT" in record["message"] and 1 <= stopped_at < 6
+    store = CheckpointStore(str(tmp_path / "run" / "checkpoints"))
+    assert [m.step for m in store.complete()] == [stopped_at]  # the final checkpoint of the stop
+
+    again = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert (record["phase"], record["reason"], record["step"], record["runs"]) == ("Succeeded", "Completed", 6, 2)
+    steps = [line["step"] for line in metrics(tmp_path / "run")]
+    assert steps == list(range(1, 7))  # continued from the checkpoint: nothing lost, nothing repeated
