@@ -64,6 +64,12 @@ class RolloutEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         spec = self.config.spec
+        chunking = {}
+        if not _has_cuda():
+            # vLLM 0.32 on CPU cannot roll back a seeded request's generator after a partial prefill
+            # ("CPU Generator does not use offset"): prefill whole prompts in one step instead
+            chunking = {"enable_chunked_prefill": False,
+                        "max_num_batched_tokens": max(self.config.max_model_len, 8192)}  # fmt: skip
         args = AsyncEngineArgs(
             model=self.config.model_path,
             dtype=self.config.dtype,
@@ -77,6 +83,7 @@ class RolloutEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            **chunking,
         )
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_recorder(self)])
         await self._llm.update_weight_version(str(self.version))
@@ -181,3 +188,9 @@ def _versions(spans, count: int, fallback: int) -> list[int]:
         for i in range(span.start, min(span.end, count)):
             versions[i] = int(span.version)
     return versions
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

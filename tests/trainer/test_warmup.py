@@ -1,0 +1,113 @@
+"""The supervised warm-up: scripted demonstrations teach the tool format with wrong edits only, never the
+fix, so whatever the policy solves afterwards, RL taught it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+from conftest import with_spec
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kuberl.api.environment import ToolCall
+from kuberl.api.rljob import RLJob
+from kuberl.modeling.chat import ChatFormat
+from kuberl.modeling.tiny import build_tiny_model
+from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call, parse_tool_call
+from kuberl_sandbox.client import SandboxClient
+from kuberl_sandbox.suites import load_tasks
+from kuberl_trainer.warmup import make_demonstrations, scripted_calls, warm_up
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("warmup") / "model", hidden_size=64, layers=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def train_tasks():
+    return load_tasks("swe-toy", split="train")
+
+
+def masked_segments(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The runs of consecutive trainable tokens."""
+    segments: list[list[int]] = []
+    for i, (token, m) in enumerate(zip(ids, mask, strict=True)):
+        if m:
+            if i == 0 or not mask[i - 1]:
+                segments.append([])
+            segments[-1].append(token)
+    return segments
+
+
+async def first_observation(sandbox, task) -> str:
+    client = SandboxClient(sandbox.url, sandbox.token)
+    try:
+        session = await client.create_session(task)
+        await client.close(session["sessionId"])
+        return session["observation"]
+    finally:
+        await client.aclose()
+
+
+def test_the_script_edits_the_buggy_text_with_a_wrong_candidate_on_every_task():
+    rng = random.Random(0)
+    for task in load_tasks("swe-toy"):
+        meta = task.metadata
+        calls = scripted_calls(task, rng)
+        assert [c.name for c in calls] == ["run_tests", "read_file", "replace", "run_tests", "submit"]
+        edit = calls[2].arguments
+        assert (edit["path"], edit["old"]) == (meta["file"], meta["buggy"])
+        assert edit["new"] in meta["candidates"] and edit["new"] != meta["fix"]
+        assert meta["fix"] not in "".join(format_tool_call(c) for c in calls)
+
+
+def test_the_script_draws_different_wrong_edits(train_tasks):
+    task = next(t for t in train_tasks if len(t.metadata["candidates"]) >= 3)
+    rng = random.Random(0)
+    assert len({scripted_calls(task, rng)[2].arguments["new"] for _ in range(50)}) >= 2
+
+
+def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbox, tiny, train_tasks):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tasks = train_tasks[:6]
+    demos = asyncio.run(make_demonstrations(tasks, 6, sandbox.url, sandbox.token, ChatFormat(tokenizer), seed=1))
+    by_prompt = {t.prompt: t for t in tasks}
+    for demo in demos:
+        assert demo.final_done and len(demo.loss_mask) == len(demo.token_ids)
+        full = tokenizer.decode(demo.token_ids)
+        task = next(t for p, t in by_prompt.items() if p in full)
+        segments = masked_segments(demo.token_ids, demo.loss_mask)
+        calls = [tokenizer.decode(s[:-1]) for s in segments]
+        assert all(s[-1] == tokenizer.eos_token_id for s in segments)  # each call ends its turn
+        assert [parse_tool_call(c).name for c in calls] == ["run_tests", "read_file", "replace", "run_tests", "submit"]
+        trained = "".join(calls)
+        assert task.metadata["fix"] not in trained
+        assert parse_tool_call(calls[2]).arguments["new"] != task.metadata["fix"]
+        # the failing test names the fix: it is in the context, but only as an observation (not trained on)
+        assert task.metadata["fix"] in full
+        context = tokenizer.decode([t for t, m in zip(demo.token_ids, demo.loss_mask, strict=True) if not m])
+        assert SWE_SYSTEM_PROMPT in context and '"name": "replace"' not in context
+
+
+@pytest.mark.slow
+def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
+    job = RLJob.model_validate(with_spec(
+        training={"seed": 2, "warmup": {"demonstrations": 8, "steps": 30, "learningRate": 1e-2, "batchSize": 4}},
+    ))  # fmt: skip
+    stats = warm_up(job, tiny, tmp_path / "warm", sandbox.url, sandbox.token)
+    assert stats["demonstrations"] == 8 and stats["steps"] == 30
+    assert stats["final_loss"] < stats["first_loss"] / 3
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "warm")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "warm", dtype=torch.float32)
+    held_out = load_tasks("swe-toy", split="test")[0]
+    observation = asyncio.run(first_observation(sandbox, held_out))
+    messages = [{"role": "system", "content": SWE_SYSTEM_PROMPT}, {"role": "user", "content": observation}]
+    prompt = torch.tensor([ChatFormat(tokenizer).prompt_ids(messages)])
+    out = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    text = tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True)
+    assert isinstance(parse_tool_call(text), ToolCall), text
