@@ -18,6 +18,7 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     ready_url: str | None = None  # polled until 200 before the next tier starts; None: no readiness
     log: Path = Path("/dev/null")
+    live_url: str | None = None  # liveness: failing it LIVENESS_FAILURES times in a row restarts the process
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Port
                     [*python, "sandbox", "--host", "127.0.0.1", "--port", str(port), "--root",
                      str(sandbox_root / str(i)), "--session-timeout", spec.sandbox.session.timeout,
                      "--max-sessions", str(max(spec.sandbox.sessions_per_pod, spec.rollout.concurrent_sessions))],
-                    token, f"{sandbox_urls[i]}/readyz", logs / f"sandbox-{i}.log")
+                    token, f"{sandbox_urls[i]}/readyz", logs / f"sandbox-{i}.log", f"{sandbox_urls[i]}/healthz")
         for i, port in enumerate(ports.sandboxes)
     ]  # fmt: skip
     for i, port in enumerate(ports.rollouts):
@@ -56,7 +57,7 @@ def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Port
                 "--model", model_path, *(a for url in sandbox_urls for a in ("--sandbox-url", url))]  # fmt: skip
         env = {**token, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
         out.append(ProcessSpec(f"rollout-{i}", "rollout", argv, env, f"{rollout_urls[i]}/readyz",
-                               logs / f"rollout-{i}.log"))  # fmt: skip
+                               logs / f"rollout-{i}.log", f"{rollout_urls[i]}/healthz"))  # fmt: skip
     ranks = spec.learner.replicas
     tail = ["learner", str(job_file), "--model", model_path, "--run-dir", str(run_dir), "--metrics-port",
             str(ports.learner_metrics), *(a for url in rollout_urls for a in ("--rollout-url", url))]  # fmt: skip

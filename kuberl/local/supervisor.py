@@ -17,6 +17,7 @@ import httpx
 from kuberl.local.processes import ProcessSpec
 
 BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
+LIVENESS_PERIOD_S, LIVENESS_FAILURES = 5.0, 3
 
 
 class RetryBudgetExhausted(RuntimeError):
@@ -30,6 +31,8 @@ class Managed:
     failures: int = 0  # consecutive, for the back-off
     restart_at: float | None = None  # when a crashed process may start again
     finished: bool = False  # exited and is not to be restarted (the learner's clean stop)
+    live_failures: int = 0
+    next_probe: float = 0.0
 
 
 class Supervisor:
@@ -46,7 +49,8 @@ class Supervisor:
         with m.spec.log.open("a") as out:
             m.proc = subprocess.Popen(m.spec.argv, env={**os.environ, **m.spec.env}, stdout=out,
                                       stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        m.restart_at, m.finished = None, False
+        m.restart_at, m.finished, m.live_failures = None, False, 0
+        m.next_probe = time.monotonic() + LIVENESS_PERIOD_S
         self._event(name, "started", pid=m.proc.pid)
         if m.spec.ready_url:
             self._wait_ready(m, ready_timeout)
@@ -68,6 +72,8 @@ class Supervisor:
                     m.finished = True
                     continue
                 self._schedule_restart(m, f"exited with {code}")
+            elif m.proc is not None and m.spec.live_url and now >= m.next_probe:
+                self._probe(m, now)
             elif m.proc is None and m.restart_at is not None and now >= m.restart_at:
                 try:
                     self.start(name)
@@ -78,6 +84,20 @@ class Supervisor:
                     continue
                 self._event(name, "restarted")
         return exited
+
+    def _probe(self, m: Managed, now: float) -> None:
+        """Liveness, like a kubelet's: a process that keeps failing its probe is killed (then restarted)."""
+        m.next_probe = now + LIVENESS_PERIOD_S
+        try:
+            alive = httpx.get(m.spec.live_url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            alive = False
+        m.live_failures = 0 if alive else m.live_failures + 1
+        if m.live_failures >= LIVENESS_FAILURES:
+            self.log(f"{m.spec.name} failed {m.live_failures} liveness probes ({m.spec.live_url}); killing it")
+            self._event(m.spec.name, "liveness-failed")
+            m.live_failures = 0
+            self.signal(m.spec.name, signal.SIGKILL)
 
     def _schedule_restart(self, m: Managed, why: str) -> None:
         self.restarts[m.spec.tier] += 1

@@ -105,13 +105,19 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
         return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
 
+    def engine_dead() -> bool:
+        return app.state.rollout is not None and app.state.rollout.service.agent.engine.dead
+
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> JSONResponse:
+        # liveness: a dead vLLM engine never recovers in-process; failing here gets the server replaced
+        if engine_dead():
+            return JSONResponse({"status": "engine dead"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        ready = app.state.rollout is not None
+        ready = app.state.rollout is not None and not engine_dead()
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     @app.get("/metrics", include_in_schema=False)

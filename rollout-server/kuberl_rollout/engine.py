@@ -96,7 +96,12 @@ class RolloutEngine:
 
     @property
     def ready(self) -> bool:
-        return self._llm is not None
+        return self._llm is not None and not self.dead
+
+    @property
+    def dead(self) -> bool:
+        """The engine process died; every request fails from now on, so the server must be replaced."""
+        return self._llm is not None and bool(getattr(self._llm, "errored", False))
 
     async def generate(
         self,

@@ -74,11 +74,10 @@ def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbo
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = train_tasks[:6]
     demos = asyncio.run(make_demonstrations(tasks, 6, sandbox.url, sandbox.token, ChatFormat(tokenizer), seed=1))
-    by_prompt = {t.prompt: t for t in tasks}
     for demo in demos:
         assert demo.final_done and len(demo.loss_mask) == len(demo.token_ids)
         full = tokenizer.decode(demo.token_ids)
-        task = next(t for p, t in by_prompt.items() if p in full)
+        task = next(t for t in tasks if t.files[t.metadata["file"]] in full)  # the module it read
         segments = masked_segments(demo.token_ids, demo.loss_mask)
         calls = [tokenizer.decode(s[:-1]) for s in segments]
         assert all(s[-1] == tokenizer.eos_token_id for s in segments)  # each call ends its turn
