@@ -70,10 +70,13 @@ class Stop:
 
 def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: bool = False,
             out: ProgressPrinter | None = None, on_step: Callable[[dict, Supervisor], None] | None = None,
-            warm_up: Callable[[str, str, str, str], str] | None = None) -> RunRecord:  # fmt: skip
+            warm_up: Callable[[str, str, str, str], str] | None = None,
+            evaluate: Callable[[list[str]], float] | None = None) -> RunRecord:  # fmt: skip
     """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
     line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
-    token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder."""
+    token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder.
+    `evaluate(rollout_urls)` measures the held-out solve rate of what the rollout servers serve: before
+    RL (after the warm-up) and after it, while no learner uses them."""
     out = out or ProgressPrinter()
     record_file = run_dir / "job.json"
     if (record_file.exists() or (run_dir / "metrics.jsonl").exists()) and not resume:
@@ -109,11 +112,21 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
             if s.tier == "rollout":
                 out.message(f"starting {s.name} (vLLM; about half a minute on CPU)")
                 supervisor.start(s.name)
+        urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
+        if evaluate is not None and "before RL" not in record.evaluations:
+            out.message("evaluating the held-out tasks before RL ...")
+            record.evaluations["before RL"] = evaluate(urls)
+            out.message(f"held-out solve rate before RL: {record.evaluations['before RL']:.2f}")
         learner = next(s for s in specs if s.tier == "learner")
         learner.env["KUBERL_JOB_STARTED_AT"] = str(job_started_at)
         supervisor.start(learner.name)
         out.message(f"training: metrics in {run_dir / 'metrics.jsonl'}, logs in {run_dir / 'logs'}")
         stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step)
+        if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
+            out.message("evaluating the held-out tasks after RL ...")
+            record.evaluations["after RL"] = evaluate(urls)
+            out.message(f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
+                        f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})")  # fmt: skip
     except RetryBudgetExhausted as err:
         stop = Stop(Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, str(err))
     finally:
