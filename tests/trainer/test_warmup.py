@@ -94,10 +94,10 @@ def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbo
 @pytest.mark.slow
 def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
     job = RLJob.model_validate(with_spec(
-        training={"seed": 2, "warmup": {"demonstrations": 8, "steps": 30, "learningRate": 1e-2, "batchSize": 4}},
+        training={"seed": 2, "warmup": {"demonstrations": 8, "steps": 80, "learningRate": 5e-3, "batchSize": 4}},
     ))  # fmt: skip
     stats = warm_up(job, tiny, tmp_path / "warm", sandbox.url, sandbox.token)
-    assert stats["demonstrations"] == 8 and stats["steps"] == 30
+    assert stats["demonstrations"] == 8 and stats["steps"] == 80
     assert stats["final_loss"] < stats["first_loss"] / 3
 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "warm")

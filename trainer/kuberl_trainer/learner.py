@@ -122,6 +122,10 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
         batch = broadcast_object(batch)
         if batch is None:
             continue  # a stop was requested while waiting: the check above ends the loop
+        if not batch.trajectories:  # every episode of every group failed, even when run again
+            if driver:
+                log({"skipped_batch": True, "failed": batch.failed, "step": state.step})
+            continue
         waited = time.monotonic() - began
 
         trained = time.monotonic()
