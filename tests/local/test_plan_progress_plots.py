@@ -1,0 +1,74 @@
+"""The pure parts of `kuberl run`: the process plan, the progress line and the learning-curve plot."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from conftest import with_spec
+
+from kuberl.api.rljob import RLJob
+from kuberl.local.plots import plot_learning_curve
+from kuberl.local.processes import Ports, plan
+from kuberl.local.progress import ProgressPrinter, duration, progress_line
+
+
+def processes(**sections):
+    job = RLJob.from_manifest(with_spec(**sections))
+    return plan(job, Path("job.yaml"), Path("runs/j"), "/models/m", Ports([8701, 8702], [8801, 8802], 9400), "tok",
+                Path("/tmp/sbx"), cpus=2)  # fmt: skip
+
+
+def test_the_plan_starts_the_tiers_in_order_with_the_same_entrypoints_as_the_pods():
+    specs = processes(sandbox={"minReplicas": 2}, rollout={"replicas": 2})
+    assert [s.name for s in specs] == ["sandbox-0", "sandbox-1", "rollout-0", "rollout-1", "learner"]
+    rollout = specs[2].argv
+    assert rollout[rollout.index("--port") + 1] == "8801" and rollout[rollout.index("--model") + 1] == "/models/m"
+    assert [rollout[i + 1] for i, a in enumerate(rollout) if a == "--sandbox-url"] == [
+        "http://127.0.0.1:8701", "http://127.0.0.1:8702"]  # fmt: skip
+    learner = specs[-1].argv
+    assert [learner[i + 1] for i, a in enumerate(learner) if a == "--rollout-url"] == [
+        "http://127.0.0.1:8801", "http://127.0.0.1:8802"]  # fmt: skip
+    assert specs[0].env["KUBERL_SANDBOX_TOKEN"] == "tok" == specs[2].env["KUBERL_SANDBOX_TOKEN"]
+    assert "KUBERL_SANDBOX_TOKEN" not in specs[-1].env  # the learner never talks to sandboxes
+    assert specs[2].ready_url == "http://127.0.0.1:8801/readyz" and specs[2].live_url.endswith("/healthz")
+
+
+def test_several_learner_ranks_run_under_torchrun_and_share_the_cores():
+    learner = processes(learner={"replicas": 2})[-1]
+    assert learner.argv[0].endswith("torchrun") and learner.argv[learner.argv.index("--nproc_per_node") + 1] == "2"
+    assert learner.env["OMP_NUM_THREADS"] == "1"
+    assert processes()[-1].argv[1:3] == ["-m", "kuberl.cli"]  # one rank: plain python
+
+
+LINE = {"step": 12, "reward_mean": 0.4123, "solve_rate": 0.375, "tokens_per_s": 2103.4, "staleness_mean": 0.5}
+
+
+def test_progress_line():
+    text = progress_line(LINE, 48, elapsed=372, seconds_per_step=10.0)
+    assert "step 12/48" in text and "reward 0.412" in text and "solve 38%" in text and "2103 tok/s" in text
+    assert "staleness 0.5" in text and "6m12s" in text and "ETA 6m00s" in text
+    assert duration(3 * 3600 + 125) == "3h02m" and duration(None) == "?"
+
+
+def test_progress_printer_rewrites_a_line_on_a_terminal_and_prints_lines_elsewhere():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, log = Tty(), io.StringIO()
+    for stream in (tty, log):
+        printer = ProgressPrinter(stream)
+        printer.update("a")
+        printer.update("b")
+        printer.message("event")
+    assert log.getvalue() == "a\nb\nevent\n"
+    assert tty.getvalue() == "\r\x1b[Ka\r\x1b[Kb\nevent\n"
+
+
+def test_learning_curve_png(tmp_path):
+    lines = [{"step": s, "reward_mean": s / 10, "solve_rate": s / 20, "time": 1000.0 + 5 * s, "step_s": 5.0}
+             for s in range(1, 11)]  # fmt: skip
+    out = plot_learning_curve(lines, tmp_path / "curve.png", "demo", {"after warm-up": 0.1, "after RL": 0.8})
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert plot_learning_curve([], tmp_path / "none.png", "demo") is None
