@@ -107,7 +107,9 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
 @click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--resume", is_flag=True, help="Continue a stopped run of this job from its newest checkpoint.")
 @click.option("--run-dir", default=None, help="Where the run's files go [runs/<job>].")
-def run_command(job_file: str, resume: bool, run_dir: str | None) -> None:
+@click.option("--evaluate/--no-evaluate", default=True, show_default=True,
+              help="Measure the held-out solve rate (environment.tasks.evalSplit) before and after RL.")  # fmt: skip
+def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool) -> None:
     """Run the whole RLJob on this machine: sandbox servers, rollout servers (vLLM) and the learner as
     local processes, supervised like the operator would, with progress, breakers and a learning curve."""
     from pathlib import Path
@@ -132,8 +134,21 @@ def run_command(job_file: str, resume: bool, run_dir: str | None) -> None:
             warm_up_job(job, model_path, out, sandbox_url, token)
             return out
 
+    solve_rate = None
+    if evaluate:
+        from kuberl_sandbox.suites import load_tasks
+        from kuberl_trainer.evaluation import evaluate as evaluate_tasks
+        from kuberl_trainer.rollout_client import RolloutClient
+
+        tasks = job.spec.environment.tasks
+        held_out = load_tasks(job.spec.environment.name, tasks.uri, str(tasks.eval_split))
+
+        def solve_rate(urls: list[str]) -> float:
+            return evaluate_tasks(RolloutClient(urls), held_out, seed=job.spec.training.seed).solve_rate
+
     try:
-        record = run_job(job, Path(job_file), Path(run_dir or f"runs/{job.name}"), model, resume, warm_up=warm_up)
+        record = run_job(job, Path(job_file), Path(run_dir or f"runs/{job.name}"), model, resume, warm_up=warm_up,
+                         evaluate=solve_rate if evaluate and held_out else None)  # fmt: skip
     except RunError as err:
         raise click.UsageError(str(err)) from None
     click.echo(f"\n{job.name}: {record.phase}" + (f" ({record.reason})" if record.reason else "")

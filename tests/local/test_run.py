@@ -95,8 +95,9 @@ def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
 )  # fmt: skip
 def test_circuit_breakers(model, tmp_path, case, sections, env, expected):
     _, path = job(case, model, tmp_path, **sections)
-    result = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")],
-                            env={**os.environ, **env}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
+    argv += [] if case == "max-steps" else ["--no-evaluate"]  # one case also measures the held-out split
+    result = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
     record = json.loads((tmp_path / "run" / "job.json").read_text())
     assert (record["phase"], record["reason"]) == expected, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.returncode == (1 if expected[0] == "Failed" else 0)
@@ -104,6 +105,8 @@ def test_circuit_breakers(model, tmp_path, case, sections, env, expected):
     complete = [m.step for m in CheckpointStore(str(tmp_path / "run" / "checkpoints")).complete()]
     if case == "max-steps":
         assert record["step"] == 3 and complete == [3]  # stopped at step 3 with a final checkpoint
+        assert set(record["evaluations"]) == {"before RL", "after RL"}
+        assert all(0.0 <= v <= 1.0 for v in record["evaluations"].values())
     if case == "nan":
         assert record["step"] == 3 and complete == [3]  # steps 2 and 3 skipped their updates, then it stopped
         assert [line["skipped"] for line in metrics(tmp_path / "run")] == [0, 1, 1]
@@ -123,7 +126,7 @@ def test_a_previous_run_is_never_overwritten(model, tmp_path):
 
 def test_ctrl_c_stops_with_a_final_checkpoint_and_resume_continues(model, tmp_path):
     _, path = job("resume", model, tmp_path, training={"totalSteps": 6})
-    argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
+    argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run"), "--no-evaluate"]
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and first.poll() is None:
