@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -15,10 +15,11 @@ def supervised_fit(
     learning_rate: float = 3e-3,
     batch_size: int = 8,
     seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train next-token prediction on the masked positions of `examples`; save to `out_path`.
 
-    Returns the loss of every step.
+    Returns the loss of every step; `on_step(step, loss)` is called after each (progress display).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,6 +48,8 @@ def supervised_fit(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     model.save_pretrained(out_path, safe_serialization=True)
     tokenizer.save_pretrained(out_path)
     return losses

@@ -120,9 +120,15 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, sandbox_ur
     print(f"warm-up: {len(demos)} demonstrations in {demo_seconds:.1f}s (longest {longest} tokens); "
           f"fine-tuning for {warmup.steps} steps", flush=True)  # fmt: skip
     fit_started = time.monotonic()
+
+    def progress(step: int, loss: float) -> None:
+        if step % 25 == 0 or step == warmup.steps:
+            elapsed = time.monotonic() - fit_started
+            print(f"warm-up: step {step}/{warmup.steps}, loss {loss:.3f}, {elapsed:.0f}s", flush=True)
+
     losses = supervised_fit(model_path, [(d.token_ids, d.loss_mask) for d in demos], out_path, steps=warmup.steps,
                             learning_rate=warmup.learning_rate, batch_size=warmup.batch_size,
-                            seed=job.spec.training.seed)  # fmt: skip
+                            seed=job.spec.training.seed, on_step=progress)  # fmt: skip
     fit_seconds = time.monotonic() - fit_started
     tail = losses[-10:]
     stats = {
