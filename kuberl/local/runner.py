@@ -120,7 +120,8 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
         learner = next(s for s in specs if s.tier == "learner")
         learner.env["KUBERL_JOB_STARTED_AT"] = str(job_started_at)
         supervisor.start(learner.name)
-        out.message(f"training: metrics in {run_dir / 'metrics.jsonl'}, logs in {run_dir / 'logs'}")
+        out.message(f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
+                    f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}")  # fmt: skip
         stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step)
         if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
             out.message("evaluating the held-out tasks after RL ...")
