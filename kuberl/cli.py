@@ -115,12 +115,13 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
     from pathlib import Path
 
     from kuberl.local.runner import RunError, run_job
-    from kuberl.storage import LocalCopyError, local_copy
+    from kuberl.storage import LocalCopyError, check_model_folder, local_copy
     from kuberl.validation import ManifestError, load_rljob
 
     try:
         job = load_rljob(job_file)
         model = str(local_copy(job.spec.model.uri))
+        check_model_folder(model)
     except LocalCopyError as err:
         hint = "the demo's tiny model: `kuberl build-tiny-model PATH`"
         raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
@@ -198,7 +199,7 @@ def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None
     import os
     from pathlib import Path
 
-    from kuberl.storage import local_copy
+    from kuberl.storage import check_model_folder, local_copy
     from kuberl.validation import ManifestError, load_rljob
     from kuberl_sandbox.suites import load_tasks
     from kuberl_trainer.learner import run_learner
@@ -208,6 +209,7 @@ def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None
         env = job.spec.environment
         task_ids = [t.task_id for t in load_tasks(env.name, env.tasks.uri, str(env.tasks.split))]
         model = model_path or str(local_copy(job.spec.model.uri))
+        check_model_folder(model)
         started = float(os.environ["KUBERL_JOB_STARTED_AT"]) if os.environ.get("KUBERL_JOB_STARTED_AT") else None
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None

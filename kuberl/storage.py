@@ -57,3 +57,16 @@ def _download_prefix(uri: str, cache: Path) -> Path:
         raise LocalCopyError(f"{uri}: cannot download ({err})") from None
     done.touch()
     return target
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def check_model_folder(model_path: str | Path) -> None:
+    """A clear error, naming the folder, when it is not a Hugging Face model folder with weights."""
+    folder = Path(model_path)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: no config.json; spec.model.uri must name a Hugging Face model folder")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{folder}: no model weights ({' or '.join(WEIGHT_FILES)}); "
+                         f"spec.model.uri must name a folder with safetensors weights")  # fmt: skip

@@ -13,7 +13,7 @@ from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
 from kuberl.rewards import resolve_reward
-from kuberl.storage import local_copy
+from kuberl.storage import check_model_folder, local_copy
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
@@ -76,6 +76,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
     spec = settings.job.spec
     rewards = resolve_rewards(settings.job)  # before the model copy and engine: bad config fails at once
     model_path = settings.model_path or str(local_copy(spec.model.uri))
+    check_model_folder(model_path)  # a clear error now, not vLLM's traceback later
     dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
     max_len = spec.rollout.engine.max_model_len or spec.model.max_context_tokens
     engine = RolloutEngine(EngineConfig(model_path, spec.rollout.engine, dtype, max_len, spec.training.seed))

@@ -149,3 +149,19 @@ def test_build_tiny_model_writes_a_loadable_model(tmp_path):
     result = kuberl("build-tiny-model", str(tmp_path / "tiny"), "--hidden-size", "64", "--layers", "1")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()
+
+
+def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tmp_path):
+    kuberl("build-tiny-model", str(tmp_path / "tiny"), "--hidden-size", "64", "--layers", "1")
+    (tmp_path / "tiny" / "model.safetensors").unlink()
+    job = tmp_path / "job.yaml"
+    job.write_text(f"apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {{name: w}}\n"
+                   f"spec: {{model: {{uri: {tmp_path / 'tiny'}}}}}\n")  # fmt: skip
+    for argv in (["learner", str(job), "--rollout-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
+                 ["run", str(job), "--run-dir", str(tmp_path / "run2")],
+                 ["rollout-server", str(job), "--sandbox-url", "http://127.0.0.1:9"]):  # fmt: skip
+        result = kuberl(*argv)
+        assert result.returncode == 2, result.stderr
+        assert "no model weights" in result.stderr and str(tmp_path / "tiny") in result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run2").exists()  # nothing was started or written

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from kuberl.api.spec import FsdpSpec
+from kuberl.storage import check_model_folder
 from kuberl_trainer.value_head import VALUE_HEAD, attach_value_head
 
 
@@ -16,6 +17,7 @@ def load_policy(model_path: str, fsdp: FsdpSpec, device: torch.device, value_hea
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
+    check_model_folder(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.config.use_cache = False
     if value_head:
