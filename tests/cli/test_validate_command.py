@@ -3,6 +3,7 @@ document and field; never a traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from conftest import BASE_MANIFEST, EXAMPLES, REPO
 KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
 
 
-def kuberl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KUBERL, *args], capture_output=True, text=True, input=stdin, timeout=60)
+def kuberl(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KUBERL, *args], capture_output=True, text=True, input=stdin, timeout=60,
+                          env=None if env is None else {**os.environ, **env})  # fmt: skip
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -160,7 +162,7 @@ def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tm
     for argv in (["learner", str(job), "--rollout-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
                  ["run", str(job), "--run-dir", str(tmp_path / "run2")],
                  ["rollout-server", str(job), "--sandbox-url", "http://127.0.0.1:9"]):  # fmt: skip
-        result = kuberl(*argv)
+        result = kuberl(*argv, env={"KUBERL_SANDBOX_TOKEN": "t"})  # the rollout server needs one to get that far
         assert result.returncode == 2, result.stderr
         assert "no model weights" in result.stderr and str(tmp_path / "tiny") in result.stderr
         assert "Traceback" not in result.stderr
