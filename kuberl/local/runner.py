@@ -25,7 +25,7 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.status import Phase, Reason
 from kuberl.api.types import parse_duration
 from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import Ports, plan
+from kuberl.local.processes import Ports, local_replicas, plan
 from kuberl.local.progress import ProgressPrinter, progress_line
 from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
 from kuberl_sandbox.local import free_port
@@ -89,7 +89,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
     token = secrets.token_hex(16)
     sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir="/tmp"))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
-    sandboxes, rollouts, _ = (max(1, spec.sandbox.min_replicas), spec.rollout.replicas, spec.learner.replicas)
+    sandboxes, rollouts, _ = local_replicas(job)
     ports = Ports([free_port() for _ in range(sandboxes)], [free_port() for _ in range(rollouts)], free_port())
     started = time.monotonic()
     job_started_at = time.time() - record.elapsed_s  # the learner's wall clock continues across runs

@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 from conftest import REPO
+from helpers.tiny_job import tiny_job_spec
 
 from kuberl.api.rljob import RLJob
 from kuberl.local.progress import ProgressPrinter
@@ -29,16 +30,7 @@ def model(tmp_path_factory):
 
 
 def job(name: str, model, tmp_path, **sections) -> tuple[RLJob, object]:
-    spec = {"model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
-            "algorithm": {"groupSize": 2},
-            "training": {"totalSteps": 3, "trajectoriesPerStep": 4, "learningRate": 1e-3},
-            "environment": {"maxTurns": 2, "maxTokensPerTrajectory": 1024, "turnTimeout": "30s",
-                            "trajectoryTimeout": "2m"},
-            "rollout": {"concurrentSessions": 8, "maxTokensPerTurn": 24,
-                        "engine": {"maxNumSeqs": 16, "maxModelLen": 2048}},
-            "checkpoint": {"intervalSteps": 100, "keep": 3}}  # fmt: skip
-    for key, value in sections.items():
-        spec.setdefault(key, {}).update(value)
+    spec = tiny_job_spec(model, **sections)
     manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest))

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 from conftest import REPO
+from helpers.tiny_job import tiny_job_spec
 
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl_sandbox.local import free_port, wait_until_ready
@@ -24,14 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def job(model, checkpoints, **spec) -> dict:
-    base = {"model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
-            "algorithm": {"groupSize": 2},
-            "training": {"totalSteps": 5, "trajectoriesPerStep": 4, "learningRate": 1e-3},
-            "environment": {"maxTurns": 2, "maxTokensPerTrajectory": 1024, "turnTimeout": "30s",
-                            "trajectoryTimeout": "2m"},
-            "rollout": {"concurrentSessions": 8, "maxTokensPerTurn": 24,
-                        "engine": {"maxNumSeqs": 16, "maxModelLen": 2048}},
-            "checkpoint": {"uri": str(checkpoints), "intervalSteps": 100, "keep": 5}}  # fmt: skip
+    base = tiny_job_spec(model, training={"totalSteps": 5}, checkpoint={"uri": str(checkpoints), "keep": 5})
     for name, section in spec.items():
         base.setdefault(name, {}).update(section)
     return {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "loop-test"}, "spec": base}
