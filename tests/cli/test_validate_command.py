@@ -147,14 +147,17 @@ def test_no_arguments_is_a_usage_error():
     assert result.returncode == 2 and "Missing argument" in result.stderr
 
 
+QUICK_BUILD = ("--hidden-size", "64", "--layers", "1", "--no-copy-pretraining")
+
+
 def test_build_tiny_model_writes_a_loadable_model(tmp_path):
-    result = kuberl("build-tiny-model", str(tmp_path / "tiny"), "--hidden-size", "64", "--layers", "1")
+    result = kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()
 
 
 def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tmp_path):
-    kuberl("build-tiny-model", str(tmp_path / "tiny"), "--hidden-size", "64", "--layers", "1")
+    kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
     (tmp_path / "tiny" / "model.safetensors").unlink()
     job = tmp_path / "job.yaml"
     job.write_text(f"apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {{name: w}}\n"
