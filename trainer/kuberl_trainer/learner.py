@@ -30,7 +30,7 @@ from kuberl_trainer.breakers import Progress, Stop, stop_for
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
 from kuberl_trainer.distributed import broadcast_object, init_distributed
-from kuberl_trainer.export import policy_blob
+from kuberl_trainer.export import export_policy, policy_blob
 from kuberl_trainer.learner_metrics import PHASES, LearnerMetrics, StatusFile
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.publisher import WeightPublisher
@@ -170,6 +170,8 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
     if state.step > saved_step:
         _checkpoint(checkpointer, model, optimizer, state, driver)
     checkpointer.wait()
+    # the trained policy as a Hugging Face folder (what users load or serve; the checkpoint is for resuming)
+    exported = export_policy(model, model_path, run_dir / "policy", rank)
     if driver:
         driver.publisher.wait()
         if checkpointer.last_complete:
@@ -179,7 +181,7 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
         driver.status.update(phase=stop.phase, reason=stop.reason, message=stop.message, step=state.step,
                              policy_version=state.policy_version)  # fmt: skip
         log({"stopped": str(stop.reason or "signal"), "phase": str(stop.phase), "message": stop.message,
-             "step": state.step})  # fmt: skip
+             "step": state.step, "policy": str(exported)})  # fmt: skip
         driver.client.close()
     return history
 

@@ -1,0 +1,79 @@
+"""Action probes: how likely a policy is to take a given action at a given point of a real episode.
+
+The seed's credit-assignment check, on swe-toy: after RL, the probability of the *correct edit*
+(`replace` of the buggy expression by the fix) should have risen, and that of *checking the error*
+(`run_tests` as the first move) should not have been inflated by a reward it did not earn. A probe
+plays the scripted prefix of an episode in a real sandbox (so observations are the real ones), then
+scores the action's tokens under a model by teacher forcing. Probes only measure: nothing trains on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kuberl.api.environment import Environment, Task, ToolCall
+from kuberl.modeling.chat import ChatFormat
+from kuberl_trainer.demonstrations import record_demonstration
+
+CHECK, EDIT = "check the error", "correct edit"
+
+
+@dataclass(frozen=True)
+class ActionProbe:
+    task_id: str
+    action: str
+    """CHECK or EDIT."""
+    context_ids: list[int]
+    action_ids: list[int]
+    """The call's tokens and EOS, exactly as the rollout tier would sample them."""
+
+
+def swe_toy_calls(task: Task) -> list[ToolCall]:
+    """The workflow up to and including the correct edit."""
+    meta = task.metadata
+    return [
+        ToolCall(name="run_tests", arguments={}),
+        ToolCall(name="read_file", arguments={"path": meta["file"]}),
+        ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": meta["fix"]}),
+    ]
+
+
+async def swe_toy_probes(env: Environment, chat: ChatFormat, system_prompt: str, task: Task) -> list[ActionProbe]:
+    """The CHECK probe (first move) and the EDIT probe (after running the tests and reading the file)."""
+    demo = await record_demonstration(env, chat, system_prompt, task, swe_toy_calls(task))
+    spans = _masked_spans(demo.loss_mask)
+    probes = []
+    for action, (start, end) in ((CHECK, spans[0]), (EDIT, spans[2])):
+        probes.append(ActionProbe(task.task_id, action, demo.token_ids[:start], demo.token_ids[start:end]))
+    return probes
+
+
+def _masked_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s."""
+    spans: list[tuple[int, int]] = []
+    for i, m in enumerate(mask):
+        if m and (i == 0 or not mask[i - 1]):
+            spans.append((i, i))
+        if m:
+            spans[-1] = (spans[-1][0], i + 1)
+    return spans
+
+
+def action_logprob(model, probe: ActionProbe) -> float:
+    """log P(action | context) under `model`: the sum of its tokens' log-probabilities."""
+    import torch
+
+    ids = torch.tensor([probe.context_ids + probe.action_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(probe.context_ids) - 1 : -1].float()
+    targets = ids[0, len(probe.context_ids) :]
+    return torch.log_softmax(logits, -1).gather(-1, targets[:, None]).sum().item()
+
+
+def mean_logprobs(model, probes: Sequence[ActionProbe]) -> dict[str, float]:
+    """The mean log-probability of each kind of action over `probes`."""
+    out: dict[str, list[float]] = {}
+    for probe in probes:
+        out.setdefault(probe.action, []).append(action_logprob(model, probe))
+    return {action: sum(values) / len(values) for action, values in out.items()}
