@@ -1,0 +1,94 @@
+"""Every child object of an RLJob, in apply order, and the YAML stream `kuberl render` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from kuberl.api.rljob import RLJob
+from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
+from kuberl_operator.job_config import build_config_map
+from kuberl_operator.learner import build_learner_service, build_learner_statefulset
+from kuberl_operator.network_policy import build_sandbox_network_policy
+from kuberl_operator.rbac import build_role, build_role_binding, build_service_account
+from kuberl_operator.rollout import build_rollout_service, build_rollout_statefulset
+from kuberl_operator.sandbox import build_sandbox_deployment, build_sandbox_service
+from kuberl_operator.secret import sandbox_token_secret_name
+
+DEFAULT_NAMESPACE = "default"
+GPU = "nvidia.com/gpu"
+
+
+def target_namespace(job: RLJob, override: str | None = None) -> str:
+    """An explicit namespace, else the manifest's, else `default` (as kubectl would)."""
+    return override or job.metadata.namespace or DEFAULT_NAMESPACE
+
+
+def desired_objects(
+    job: RLJob, namespace: str, *, owner: dict[str, Any] | None, sandbox_token_secret: str | None = None
+) -> list[dict[str, Any]]:
+    """All children, ordered so that each exists before what needs it: identity and config first, the
+    sandbox NetworkPolicy before any sandbox pod (untrusted code never runs unfenced), Services before
+    the workloads that resolve them, the learner last (it waits on rollout servers)."""
+    secret = sandbox_token_secret or sandbox_token_secret_name(job)
+    return [
+        build_service_account(job, namespace, owner),
+        build_role(job, namespace, owner),
+        build_role_binding(job, namespace, owner),
+        build_config_map(job, namespace, owner),
+        build_sandbox_network_policy(job, namespace, owner),
+        build_sandbox_service(job, namespace, owner),
+        build_rollout_service(job, namespace, owner),
+        build_learner_service(job, namespace, owner),
+        build_rollout_pdb(job, namespace, owner),
+        build_learner_pdb(job, namespace, owner),
+        build_sandbox_deployment(job, namespace, owner, secret),
+        build_rollout_statefulset(job, namespace, owner, secret),
+        build_learner_statefulset(job, namespace, owner),
+    ]
+
+
+def render_warnings(job: RLJob) -> list[str]:
+    """Specs that render fine but will not work well in a cluster, one line each naming the field."""
+    spec = job.spec
+    out = []
+    if not (spec.checkpoint.uri or "").startswith("s3://"):
+        out.append(f"spec.checkpoint.uri: {spec.checkpoint.uri or 'unset'}: the operator needs an s3:// URI; "
+                   f"checkpoints written inside a learner pod are lost when it restarts")  # fmt: skip
+    if not spec.model.uri.startswith("s3://"):
+        out.append(
+            f"spec.model.uri: {spec.model.uri}: not s3://, so it must exist inside the learner and rollout images"
+        )
+    learner_gpus = _whole(spec.learner.resources.limits.get(GPU))
+    if learner_gpus is not None and learner_gpus > 1:
+        out.append(f"spec.learner.resources.limits['{GPU}']: {learner_gpus}, but a learner pod runs one rank on one "
+                   f"GPU; raise spec.learner.replicas instead")  # fmt: skip
+    rollout_gpus = _whole(spec.rollout.resources.limits.get(GPU))
+    if rollout_gpus is not None and rollout_gpus < spec.rollout.engine.tensor_parallel_size:
+        out.append(f"spec.rollout.resources.limits['{GPU}']: {rollout_gpus}, fewer than "
+                   f"spec.rollout.engine.tensorParallelSize ({spec.rollout.engine.tensor_parallel_size})")  # fmt: skip
+    return out
+
+
+def _whole(quantity: int | str | None) -> int | None:
+    if isinstance(quantity, int):
+        return quantity
+    return int(quantity) if isinstance(quantity, str) and quantity.isdigit() else None
+
+
+class _StreamDumper(yaml.SafeDumper):
+    """Multi-line strings (the job file in the ConfigMap) as literal blocks, readable in the stream."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_StreamDumper.add_representer(str, _str)
+
+
+def render_yaml_stream(objects: list[dict[str, Any]]) -> str:
+    """A `---`-separated YAML stream, like `helm template`."""
+    return yaml.dump_all(objects, Dumper=_StreamDumper, sort_keys=False, explicit_start=True, width=120)

@@ -1,0 +1,144 @@
+"""The learner tier: a headless Service for the torchrun rendezvous and a StatefulSet, one pod per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.api.rljob import RLJob
+from kuberl_operator.meta import LEARNER, child_name, common_labels, object_meta, selector_labels
+from kuberl_operator.placement import pod_placement
+from kuberl_operator.pod import JOB_FILE, RUN_DIR, env_list, resources, runtime_env, storage_env, workload_volumes
+from kuberl_operator.rbac import service_account_name
+from kuberl_operator.rollout import rollout_urls
+from kuberl_operator.security import restricted_container_security_context, restricted_pod_security_context
+
+RENDEZVOUS_PORT = 29400  # torchrun's c10d default
+METRICS_PORT = 9400  # rank 0's Prometheus metrics (`kuberl learner --metrics-port`)
+# Long enough for the final checkpoint of a large model to reach S3 after SIGTERM; the kubelet kills
+# the pod when it runs out, preStop included.
+TERMINATION_GRACE_SECONDS = 900
+
+
+def learner_replicas(job: RLJob) -> int:
+    """World size, or 0 while the job is suspended (it resumes from the checkpoint taken on the way down)."""
+    return 0 if job.spec.suspend else job.spec.learner.replicas
+
+
+def rendezvous_endpoint(job: RLJob, namespace: str) -> str:
+    """Pod 0's stable DNS name through the headless Service: c10d hosts its store there."""
+    service = child_name(job, LEARNER)
+    return f"{service}-0.{service}.{namespace}.svc:{RENDEZVOUS_PORT}"
+
+
+def build_learner_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """Headless, and publishing not-ready pods: ranks must find each other before any of them is ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(job, child_name(job, LEARNER), LEARNER, namespace, owner),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(job, LEARNER),
+            "ports": [
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": "rendezvous", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def torchrun_argv(job: RLJob, namespace: str) -> list[str]:
+    """torchrun with c10d rendezvous on pod 0, then the same `kuberl learner JOB.yaml` as `kuberl run`.
+
+    c10d ranks nodes by sorting their addresses, so `--local-addr` is the pod's own stable DNS name: pod 0
+    sorts first and is always rank 0 (the driver, with the metrics port), and ranks follow the pod
+    ordinals (in string order beyond ten pods; FSDP does not care which rank is which). --node-rank is not
+    passed: c10d ignores it. max-restarts 0: a failed rank fails the pod and the operator restarts the
+    whole gang from the newest checkpoint, counting it against the retry budget."""
+    service = child_name(job, LEARNER)
+    world = job.spec.learner.replicas
+    tail = ["learner", JOB_FILE, "--run-dir", RUN_DIR, "--metrics-port", str(METRICS_PORT)]
+    for url in rollout_urls(job, namespace):
+        tail += ["--rollout-url", url]
+    return [
+        "torchrun",
+        f"--nnodes={world}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous_endpoint(job, namespace)}",
+        f"--rdzv-id={job.name}",
+        f"--local-addr=$(POD_NAME).{service}.{namespace}.svc",
+        "--max-restarts=0",
+        "-m",
+        "kuberl.cli",
+        *tail,
+    ]
+
+
+def learner_env(job: RLJob) -> list[dict[str, Any]]:
+    """NCCL and torch settings for a gang in pods: async error handling makes the surviving ranks fail
+    fast when one dies (instead of hanging in a collective until the NCCL timeout), so the operator sees
+    the failure and restarts the gang; loopback and docker bridges are never the route between pods."""
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        *env_list({"NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}),
+        *runtime_env(),
+        *storage_env(job),
+    ]
+
+
+def final_checkpoint_hook() -> dict[str, Any]:
+    """preStop: SIGTERM the learner process (torchrun's worker) and wait until it has written its final
+    checkpoint and exited. Signalling torchrun instead would not do: it SIGKILLs its workers 30 s after
+    forwarding a SIGTERM, which can cut a large checkpoint short."""
+    return {"exec": {"command": ["python", "-m", "kuberl_operator.final_checkpoint"]}}
+
+
+def build_learner_statefulset(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """One pod per rank. Parallel pod management starts (and stops) all ranks at once: a gang cannot
+    rendezvous one pod at a time, and an ordered scale-down would wait on ranks blocked in collectives.
+    OnDelete updates: the operator restarts the gang as a whole; a rolling update would break it rank by
+    rank."""
+    name = child_name(job, LEARNER)
+    volumes, mounts = workload_volumes(job)
+    volumes.append({"name": "run", "emptyDir": {}})
+    mounts.append({"name": "run", "mountPath": RUN_DIR.rsplit("/", 1)[0]})
+    container = {
+        "name": LEARNER,
+        "image": job.spec.learner.image,
+        "command": torchrun_argv(job, namespace),
+        "env": learner_env(job),
+        "ports": [
+            {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": resources(job.spec.learner.resources),
+        "volumeMounts": mounts,
+        "lifecycle": {"preStop": final_checkpoint_hook()},
+        "securityContext": restricted_container_security_context(),
+    }
+    pod_spec = {
+        "serviceAccountName": service_account_name(job),
+        # the learner reports progress into its RLJob's status (see rbac.role_rules)
+        "automountServiceAccountToken": True,
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": restricted_pod_security_context(),
+        **pod_placement(job, LEARNER),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(job, name, LEARNER, namespace, owner),
+        "spec": {
+            "serviceName": name,
+            "replicas": learner_replicas(job),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": selector_labels(job, LEARNER)},
+            "template": {"metadata": {"labels": common_labels(job, LEARNER)}, "spec": pod_spec},
+        },
+    }

@@ -1,0 +1,100 @@
+"""Pod-spec pieces the tiers share: file layout, volumes, environment, resources and probes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.spec import ResourceRequirements
+from kuberl_operator.meta import CONFIG, child_name
+
+# The job file every entrypoint reads (`kuberl rollout-server JOB.yaml`, `kuberl learner JOB.yaml`).
+JOB_DIR = "/etc/kuberl"
+JOB_FILE_KEY = "job.yaml"
+JOB_FILE = f"{JOB_DIR}/{JOB_FILE_KEY}"
+# Root filesystems are read-only; these emptyDirs take every write.
+CACHE_DIR = "/var/cache/kuberl"  # model downloads (KUBERL_CACHE) and Hugging Face files
+RUN_DIR = "/var/lib/kuberl/run"  # learner metrics.jsonl, status.json, checkpoint staging
+TMP_DIR = "/tmp"
+
+SANDBOX_TOKEN_KEY = "token"
+TOKEN_ENV = "KUBERL_SANDBOX_TOKEN"
+
+
+def resources(spec: ResourceRequirements) -> dict[str, Any]:
+    """Kubernetes resources from the spec; empty sections are left out rather than written as {}."""
+    out: dict[str, Any] = {}
+    if spec.requests:
+        out["requests"] = dict(spec.requests)
+    if spec.limits:
+        out["limits"] = dict(spec.limits)
+    return out
+
+
+def env_list(values: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def runtime_env() -> list[dict[str, Any]]:
+    """HOME and caches on writable volumes (vLLM, triton and Hugging Face write under HOME); no hub
+    access: models come from spec.model.uri."""
+    values = {
+        "HOME": TMP_DIR,
+        "KUBERL_CACHE": CACHE_DIR,
+        "HF_HOME": f"{CACHE_DIR}/huggingface",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return env_list(values)
+
+
+def storage_env(job: RLJob) -> list[dict[str, Any]]:
+    """S3 credentials from spec.checkpoint.credentialsSecret and the endpoint of an S3-compatible store, as
+    kuberl.storage and the checkpoint store read them. Only the learner and rollout tiers get these: they
+    read the model and tasks and write checkpoints; untrusted sandbox code never sees them."""
+    checkpoint = job.spec.checkpoint
+    env: list[dict[str, Any]] = []
+    if checkpoint.credentials_secret:
+        env += [
+            {"name": key, "valueFrom": {"secretKeyRef": {"name": checkpoint.credentials_secret, "key": key}}}
+            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+        ]
+    if checkpoint.endpoint_url:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": checkpoint.endpoint_url})
+    return env
+
+
+def sandbox_token_env(secret_name: str) -> dict[str, Any]:
+    """The sandbox token from its Secret, never inline in a manifest."""
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": SANDBOX_TOKEN_KEY}}}
+
+
+def job_volume(job: RLJob) -> dict[str, Any]:
+    items = [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]
+    return {"name": "job", "configMap": {"name": child_name(job, CONFIG), "items": items}}
+
+
+def empty_dir(name: str, medium: str | None = None) -> dict[str, Any]:
+    return {"name": name, "emptyDir": {"medium": medium} if medium else {}}
+
+
+def workload_volumes(job: RLJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the learner and rollout tiers: the job file, caches, /tmp and a RAM-backed
+    /dev/shm (the default 64 MiB one breaks NCCL and vLLM's worker processes)."""
+    volumes = [job_volume(job), empty_dir("cache"), empty_dir("tmp"), empty_dir("dshm", "Memory")]
+    mounts = [
+        {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "tmp", "mountPath": TMP_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    return volumes, mounts
+
+
+def http_probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }

@@ -1,0 +1,100 @@
+"""The rollout tier: a StatefulSet of rollout servers (one vLLM engine each) behind a headless Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.api.rljob import RLJob
+from kuberl_operator.meta import ROLLOUT, SANDBOX, child_name, common_labels, object_meta, selector_labels
+from kuberl_operator.placement import pod_placement
+from kuberl_operator.pod import (
+    JOB_FILE,
+    http_probe,
+    resources,
+    runtime_env,
+    sandbox_token_env,
+    storage_env,
+    workload_volumes,
+)
+from kuberl_operator.security import restricted_container_security_context, restricted_pod_security_context
+
+ROLLOUT_PORT = 8800  # `kuberl rollout-server --port` default; serves the API, /readyz, /healthz, /metrics
+SANDBOX_PORT = 8700  # `kuberl sandbox` in env-images/sandbox/Dockerfile
+# Losing a rollout pod costs at most its in-flight trajectories; a short grace lets them finish.
+TERMINATION_GRACE_SECONDS = 60
+
+
+def rollout_urls(job: RLJob, namespace: str) -> list[str]:
+    """One URL per rollout server, by the stable pod names the headless Service gives: the learner spreads
+    task groups over them and publishes weights to each."""
+    name = child_name(job, ROLLOUT)
+    return [f"http://{name}-{i}.{name}.{namespace}.svc:{ROLLOUT_PORT}" for i in range(job.spec.rollout.replicas)]
+
+
+def sandbox_url(job: RLJob, namespace: str) -> str:
+    return f"http://{child_name(job, SANDBOX)}.{namespace}.svc:{SANDBOX_PORT}"
+
+
+def rollout_replicas(job: RLJob) -> int:
+    return 0 if job.spec.suspend else job.spec.rollout.replicas
+
+
+def build_rollout_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """Headless: it gives every rollout pod the stable DNS name the learner addresses it by."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(job, child_name(job, ROLLOUT), ROLLOUT, namespace, owner),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(job, ROLLOUT),
+            "ports": [{"name": "http", "port": ROLLOUT_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_rollout_statefulset(
+    job: RLJob, namespace: str, owner: dict[str, Any] | None, sandbox_token_secret: str
+) -> dict[str, Any]:
+    """The same `kuberl rollout-server JOB.yaml` as `kuberl run`. Ready on /readyz once the engine holds
+    weights; a startup probe covers downloading and loading a large model before liveness applies."""
+    name = child_name(job, ROLLOUT)
+    volumes, mounts = workload_volumes(job)
+    argv = ["python", "-m", "kuberl.cli", "rollout-server", JOB_FILE, "--host", "0.0.0.0", "--port", str(ROLLOUT_PORT),
+            "--sandbox-url", sandbox_url(job, namespace)]  # fmt: skip
+    container = {
+        "name": ROLLOUT,
+        "image": job.spec.rollout.image,
+        "command": argv,
+        "env": [sandbox_token_env(sandbox_token_secret), *runtime_env(), *storage_env(job)],
+        "ports": [{"name": "http", "containerPort": ROLLOUT_PORT, "protocol": "TCP"}],
+        "resources": resources(job.spec.rollout.resources),
+        "volumeMounts": mounts,
+        "startupProbe": http_probe("/healthz", "http", period=10, failures=180),
+        "readinessProbe": http_probe("/readyz", "http", period=10, failures=3),
+        "livenessProbe": http_probe("/healthz", "http", period=20, failures=3),
+        "securityContext": restricted_container_security_context(),
+    }
+    pod_spec = {
+        # no API access: the namespace's default account (keeping its imagePullSecrets), no token mounted
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": restricted_pod_security_context(),
+        **pod_placement(job, ROLLOUT),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(job, name, ROLLOUT, namespace, owner),
+        "spec": {
+            "serviceName": name,
+            "replicas": rollout_replicas(job),
+            # servers are independent: load all models at once instead of one pod after another
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector_labels(job, ROLLOUT)},
+            "template": {"metadata": {"labels": common_labels(job, ROLLOUT)}, "spec": pod_spec},
+        },
+    }

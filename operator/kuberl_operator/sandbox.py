@@ -1,0 +1,93 @@
+"""The sandbox tier: a Deployment of sandbox servers (untrusted agent code runs here) and its Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.api.rljob import RLJob
+from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta, selector_labels
+from kuberl_operator.placement import pod_placement
+from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env
+from kuberl_operator.rollout import SANDBOX_PORT
+from kuberl_operator.security import sandbox_container_security_context, sandbox_pod_security_context
+
+WORKSPACE_DIR = "/workspace"
+SESSIONS_DIR = f"{WORKSPACE_DIR}/sessions"  # KUBERL_SANDBOX_ROOT of the sandbox image
+# Client affinity pins a rollout pod to one sandbox pod for this long (Kubernetes' maximum is a day).
+AFFINITY_SECONDS = 86400
+
+
+def sandbox_replicas(job: RLJob) -> int:
+    """minReplicas to start with; the autoscaler (operator or HPA) moves it within [min, max] later."""
+    return 0 if job.spec.suspend else job.spec.sandbox.min_replicas
+
+
+def sandbox_max_sessions(job: RLJob) -> int:
+    """Sessions one server accepts: as `kuberl run` does, at least one rollout server's concurrent
+    sessions, because client affinity (see build_sandbox_service) can send all of them to one pod."""
+    return max(job.spec.sandbox.sessions_per_pod, job.spec.rollout.concurrent_sessions)
+
+
+def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """A session lives in one sandbox pod's memory and workspace, so every call of a session must reach
+    the pod that created it. ClientIP affinity guarantees that for each rollout pod, at the price of each
+    rollout pod using one sandbox pod at a time."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(job, child_name(job, SANDBOX), SANDBOX, namespace, owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(job, SANDBOX),
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": AFFINITY_SECONDS}},
+            "ports": [{"name": "http", "port": SANDBOX_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_sandbox_deployment(
+    job: RLJob, namespace: str, owner: dict[str, Any] | None, sandbox_token_secret: str
+) -> dict[str, Any]:
+    """The same `kuberl sandbox` as `kuberl run`, hardened for untrusted code: no service-account token,
+    no service-link variables, a read-only root filesystem with sessions on an emptyDir, and the
+    RuntimeClass of the spec (gVisor, Kata) when one is given. Its root user is explained in
+    security.sandbox_container_security_context."""
+    spec = job.spec.sandbox
+    argv = ["python", "-m", "kuberl.cli", "sandbox", "--host", "0.0.0.0", "--port", str(SANDBOX_PORT),
+            "--root", SESSIONS_DIR, "--session-timeout", spec.session.timeout,
+            "--max-sessions", str(sandbox_max_sessions(job))]  # fmt: skip
+    container = {
+        "name": SANDBOX,
+        "image": spec.image,
+        "command": argv,
+        "env": [sandbox_token_env(sandbox_token_secret), *env_list({"PYTHONUNBUFFERED": "1"})],
+        "ports": [{"name": "http", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
+        "resources": resources(spec.resources),
+        "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
+        "readinessProbe": http_probe("/readyz", "http", period=5, failures=3),
+        "livenessProbe": http_probe("/healthz", "http", period=20, failures=3),
+        "securityContext": sandbox_container_security_context(),
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": sandbox_pod_security_context(),
+        **pod_placement(job, SANDBOX),
+        "containers": [container],
+        "volumes": [empty_dir("workspace"), empty_dir("tmp")],
+    }
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(job, child_name(job, SANDBOX), SANDBOX, namespace, owner),
+        "spec": {
+            "replicas": sandbox_replicas(job),
+            "selector": {"matchLabels": selector_labels(job, SANDBOX)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": common_labels(job, SANDBOX)}, "spec": pod_spec},
+        },
+    }
