@@ -58,6 +58,38 @@ def crds(output: str | None, reference: bool) -> None:
 
 
 @main.command()
+@click.argument("job_file", metavar="JOB.yaml")
+@click.option("-n", "--namespace", default=None, help="Namespace of the objects [the manifest's, else default].")
+@click.option("--uid", default=None,
+              help="The RLJob's metadata.uid, for owner references (kubectl get rljob NAME -o "
+                   "jsonpath='{.metadata.uid}') [the manifest's; without one, no owner references].")  # fmt: skip
+def render(job_file: str, namespace: str | None, uid: str | None) -> None:
+    """Print every object the operator creates for the RLJob in JOB.yaml as a YAML stream, like `helm template`.
+
+    Exits 2 with one line per problem when the manifest is invalid; notes on the spec go to stderr."""
+    from kuberl.validation import ManifestError, load_rljob
+    from kuberl_operator.desired import desired_objects, render_warnings, render_yaml_stream, target_namespace
+    from kuberl_operator.meta import owner_reference
+    from kuberl_operator.secret import sandbox_token_secret_name
+
+    try:
+        job = load_rljob(job_file)
+    except ManifestError as err:
+        click.echo(str(err), err=True)
+        sys.exit(EXIT_INVALID)
+    uid = uid or (job.metadata.model_extra or {}).get("uid")
+    owner = owner_reference(job, uid) if uid else None
+    ns = target_namespace(job, namespace)
+    click.echo(render_yaml_stream(desired_objects(job, ns, owner=owner)), nl=False)
+    for line in render_warnings(job):
+        click.echo(f"warning: {line}", err=True)
+    if owner is None:
+        click.echo("note: no --uid, so no ownerReferences: these objects outlive the RLJob", err=True)
+    click.echo(f"note: sandbox and rollout pods read the token from Secret {sandbox_token_secret_name(job)!r} "
+               f"(key 'token') in namespace {ns!r}, which the operator creates", err=True)  # fmt: skip
+
+
+@main.command()
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8700, show_default=True, type=int, help="Port to listen on.")
 @click.option(
