@@ -1,0 +1,336 @@
+"""The operator's child objects: valid Kubernetes for 1.30 and the newest schema kubernetes-validate knows,
+for every example and for generated specs, with the security properties the design promises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import EXAMPLES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kuberl.api.rljob import RLJob
+from kuberl.validation import load_rljob
+from kuberl_operator.desired import desired_objects, target_namespace
+from kuberl_operator.final_checkpoint import children_of
+from kuberl_operator.job_config import resolved_job_manifest
+from kuberl_operator.learner import torchrun_argv
+from kuberl_operator.meta import owner_reference
+from kuberl_operator.placement import SPOT_NODE_LABELS
+from kuberl_operator.secret import build_sandbox_token_secret
+
+UID = "6f1c2a5e-0d4b-4c1e-9a53-1f2d3c4b5a69"
+OLDEST, NEWEST = "1.30", kubernetes_validate.utils.latest_version()
+WORKLOADS = ("StatefulSet", "Deployment")
+
+
+def render(job: RLJob, namespace: str | None = None) -> list[dict[str, Any]]:
+    return desired_objects(job, target_namespace(job, namespace), owner=owner_reference(job, UID))
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str, tier: str | None = None) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind and tier in (None, o["metadata"]["labels"]["kuberl.io/tier"])]
+
+
+def one(objects: list[dict[str, Any]], kind: str, tier: str) -> dict[str, Any]:
+    [found] = by_kind(objects, kind, tier)
+    return found
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def assert_valid_kubernetes(objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        for version in (OLDEST, NEWEST):
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
+                            f"{'.'.join(map(str, err.path))}: {err.message}")  # fmt: skip
+
+
+@pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def example(request) -> RLJob:
+    return load_rljob(str(request.param))
+
+
+# ------------------------------------------------------------------------------ valid Kubernetes
+def test_the_newest_schema_is_newer_than_the_oldest_supported():
+    assert tuple(map(int, NEWEST.split(".")[:2])) > (1, 30)
+
+
+def test_strict_validation_rejects_an_unknown_field(example):
+    # guards the guard: a typo in a builder must fail the tests below
+    statefulset = one(render(example), "StatefulSet", "learner")
+    pod_spec(statefulset)["containers"][0]["imagePullPolcy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(statefulset, OLDEST, strict=True)
+
+
+def test_every_example_renders_valid_kubernetes(example):
+    objects = render(example)
+    assert_valid_kubernetes(objects)
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "Service", "Service",
+                     "Service", "PodDisruptionBudget", "PodDisruptionBudget", "Deployment", "StatefulSet",
+                     "StatefulSet"]  # fmt: skip
+
+
+quantity = st.one_of(st.integers(0, 64), st.sampled_from(["500m", "1.5", "16Gi", "200Mi", "1e3"]))
+capacity = st.sampled_from(["on-demand", "spot", "prefer-spot"])
+label_value = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?", fullmatch=True)
+dns_label = st.from_regex(r"[a-z]([a-z0-9-]{0,15}[a-z0-9])?", fullmatch=True)
+toleration = st.fixed_dictionaries(
+    {"key": st.sampled_from(["nvidia.com/gpu", "dedicated", "example.com/pool"]), "operator": st.just("Equal"),
+     "value": label_value},
+    optional={"effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+              "tolerationSeconds": st.integers(0, 3600)},
+)  # fmt: skip
+placement = st.fixed_dictionaries(
+    {},
+    optional={"nodeSelector": st.dictionaries(st.sampled_from(["pool", "example.com/gpu", "zone"]), label_value,
+                                              max_size=2),
+              "tolerations": st.lists(toleration, max_size=2)},
+)  # fmt: skip
+
+
+@st.composite
+def valid_jobs(draw) -> RLJob:
+    """RLJobs varying everything the builders read; the rest keeps its defaults."""
+    tier_resources = st.fixed_dictionaries(
+        {}, optional={"requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), quantity, max_size=2),
+                      "limits": st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), quantity,
+                                                max_size=3)})  # fmt: skip
+    min_replicas = draw(st.integers(0, 50))
+    spec: dict[str, Any] = {
+        "model": {"uri": draw(st.sampled_from(["s3://models/x", "runs/models/tiny"]))},
+        "learner": {"replicas": draw(st.integers(1, 64)), "image": "registry.example.com/learner:1",
+                    "resources": draw(tier_resources)},
+        "rollout": {"replicas": draw(st.integers(1, 32)), "resources": draw(tier_resources),
+                    "concurrentSessions": draw(st.integers(1, 500))},
+        "sandbox": {"minReplicas": min_replicas, "maxReplicas": min_replicas + draw(st.integers(1, 10)),
+                    "egress": draw(st.sampled_from(["deny", "allow"])), "resources": draw(tier_resources),
+                    "session": {"timeout": draw(st.sampled_from(["30m", "1h30m", "90s"]))}},
+        "checkpoint": draw(st.fixed_dictionaries(
+            {"uri": st.just("s3://ckpt/job")},
+            optional={"credentialsSecret": dns_label, "endpointUrl": st.just("http://minio.storage:9000")})),
+        "scheduling": {"spot": {t: draw(capacity) for t in ("learner", "rollout", "sandbox")},
+                       **{t: draw(placement) for t in ("learner", "rollout", "sandbox")}},
+        "suspend": draw(st.booleans()),
+    }  # fmt: skip
+    if draw(st.booleans()):
+        spec["sandbox"]["runtimeClassName"] = draw(st.sampled_from(["gvisor", "kata-qemu"]))
+    if draw(st.booleans()):
+        spec["scheduling"]["priorityClassName"] = draw(dns_label)
+    metadata = {"name": draw(st.from_regex(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", fullmatch=True)),
+                "labels": draw(st.dictionaries(st.sampled_from(["team", "example.com/project"]), label_value,
+                                               max_size=2))}  # fmt: skip
+    if draw(st.booleans()):
+        metadata["namespace"] = draw(dns_label)
+    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": metadata, "spec": spec}
+    return RLJob.from_manifest(manifest)
+
+
+@settings(max_examples=25, deadline=None)
+@given(valid_jobs())
+def test_generated_specs_render_valid_kubernetes(job):
+    objects = render(job)
+    assert_valid_kubernetes(objects)
+    assert_security_properties(job, objects)
+
+
+# ---------------------------------------------------------------------------- security properties
+def assert_security_properties(job: RLJob, objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        assert obj["metadata"]["ownerReferences"] == [owner_reference(job, UID)], obj["kind"]
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "kuberl"
+        assert labels["app.kubernetes.io/instance"] == labels["kuberl.io/job"] == job.name
+        assert labels["app.kubernetes.io/managed-by"] == "kuberl-operator"
+        assert labels["app.kubernetes.io/component"] == labels["kuberl.io/tier"]
+    for role in by_kind(objects, "Role"):
+        for rule in role["rules"]:
+            assert "*" not in str(rule), rule
+            assert rule["resourceNames"] == [job.name] or rule["resourceNames"] == [f"{job.name}-config"]
+            assert set(rule["verbs"]) <= {"get", "patch"}
+            if "patch" in rule["verbs"]:
+                assert rule["resources"] == ["rljobs/status"]
+    for tier in ("learner", "rollout"):
+        spec = pod_spec(one(objects, "StatefulSet", tier))
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["runAsNonRoot"] is True
+            assert context["readOnlyRootFilesystem"] is True
+        assert spec["automountServiceAccountToken"] is (tier == "learner")
+    sandbox = pod_spec(one(objects, "Deployment", "sandbox"))
+    assert sandbox["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in sandbox
+    [container] = sandbox["containers"]
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["privileged"] is False
+    assert not any(e["name"].startswith("AWS_") for e in container["env"]), "storage credentials in the sandbox"
+    assert sandbox.get("runtimeClassName") == job.spec.sandbox.runtime_class_name
+    policy = one(objects, "NetworkPolicy", "sandbox")["spec"]
+    sandbox_pods = one(objects, "Deployment", "sandbox")["spec"]["selector"]["matchLabels"]
+    assert policy["podSelector"]["matchLabels"] == sandbox_pods
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    rollout_pods = one(objects, "StatefulSet", "rollout")["spec"]["selector"]["matchLabels"]
+    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": rollout_pods}}],
+                                  "ports": [{"protocol": "TCP", "port": 8700}]}]  # fmt: skip
+    if job.spec.sandbox.egress == "deny":
+        assert policy["egress"] == []
+    else:
+        blocks = [peer["ipBlock"] for rule in policy["egress"] for peer in rule["to"]]
+        assert all("169.254.0.0/16" in b["except"] for b in blocks if ":" not in b["cidr"])
+
+
+def test_security_properties_of_every_example(example):
+    assert_security_properties(example, render(example))
+
+
+def test_the_sandbox_tier_cannot_reach_storage_or_the_api(example):
+    objects = render(example)
+    sandbox = pod_spec(one(objects, "Deployment", "sandbox"))
+    assert sandbox["enableServiceLinks"] is False
+    assert not any("secret" in v for v in map(str, sandbox["volumes"])), "no Secret volumes in sandbox pods"
+
+
+def test_no_object_carries_an_owner_reference_without_a_uid(example):
+    objects = desired_objects(example, "ns", owner=None)
+    assert all("ownerReferences" not in o["metadata"] for o in objects)
+    with pytest.raises(ValueError, match=r"metadata\.uid"):
+        owner_reference(example, "")
+
+
+# ------------------------------------------------------------------------------- what pods run
+def test_the_learner_is_one_pod_per_rank_with_c10d_rendezvous_on_pod_zero(example):
+    objects = render(example, "team")
+    statefulset = one(objects, "StatefulSet", "learner")
+    ranks = example.spec.learner.replicas
+    assert statefulset["spec"]["replicas"] == (0 if example.spec.suspend else ranks)
+    assert statefulset["spec"]["podManagementPolicy"] == "Parallel"
+    service = one(objects, "Service", "learner")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    name = f"{example.name}-learner"
+    [container] = pod_spec(statefulset)["containers"]
+    argv = container["command"]
+    assert argv[0] == "torchrun" and f"--nnodes={ranks}" in argv and "--rdzv-backend=c10d" in argv
+    assert f"--rdzv-endpoint={name}-0.{name}.team.svc:29400" in argv
+    assert f"--local-addr=$(POD_NAME).{name}.team.svc" in argv
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    # the same entrypoint as `kuberl run` (kuberl/local/processes.py), on the mounted job file
+    assert argv[argv.index("-m") + 1 :][:3] == ["kuberl.cli", "learner", "/etc/kuberl/job.yaml"]
+    rollout_urls = [argv[i + 1] for i, a in enumerate(argv) if a == "--rollout-url"]
+    assert rollout_urls == [f"http://{example.name}-rollout-{i}.{example.name}-rollout.team.svc:8800"
+                            for i in range(example.spec.rollout.replicas)]  # fmt: skip
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "kuberl_operator.final_checkpoint"]
+    assert pod_spec(statefulset)["terminationGracePeriodSeconds"] >= 300
+    assert one(objects, "PodDisruptionBudget", "learner")["spec"]["minAvailable"] == ranks
+    assert one(objects, "PodDisruptionBudget", "rollout")["spec"]["maxUnavailable"] == 1
+
+
+def test_gpu_resources_and_images_come_from_the_spec(example):
+    objects = render(example)
+    for kind, tier in (("StatefulSet", "learner"), ("StatefulSet", "rollout"), ("Deployment", "sandbox")):
+        section = getattr(example.spec, tier)
+        [container] = pod_spec(one(objects, kind, tier))["containers"]
+        assert container["image"] == section.image
+        assert container.get("resources", {}).get("limits", {}) == section.resources.limits
+        assert container.get("resources", {}).get("requests", {}) == section.resources.requests
+
+
+def test_rollout_and_sandbox_probes_and_token(example):
+    objects = render(example)
+    for kind, tier in (("StatefulSet", "rollout"), ("Deployment", "sandbox")):
+        [container] = pod_spec(one(objects, kind, tier))["containers"]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        token = next(e for e in container["env"] if e["name"] == "KUBERL_SANDBOX_TOKEN")
+        secret = {"name": f"{example.name}-sandbox-token", "key": "token"}
+        assert token == {"name": "KUBERL_SANDBOX_TOKEN", "valueFrom": {"secretKeyRef": secret}}
+    deployment = one(objects, "Deployment", "sandbox")
+    assert deployment["spec"]["replicas"] == example.spec.sandbox.min_replicas
+    assert pod_spec(deployment)["containers"][0]["command"][:4] == ["python", "-m", "kuberl.cli", "sandbox"]
+
+
+def test_s3_credentials_come_from_the_named_secret():
+    job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-gpu")))
+    objects = render(job)
+    for tier in ("learner", "rollout"):
+        env = pod_spec(one(objects, "StatefulSet", tier))["containers"][0]["env"]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+        assert refs["AWS_ACCESS_KEY_ID"] == {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"}
+        assert refs["AWS_SECRET_ACCESS_KEY"] == {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"}
+
+
+def test_the_config_map_holds_the_resolved_job_the_pods_read(example):
+    config = one(render(example, "elsewhere"), "ConfigMap", "config")
+    reread = RLJob.from_manifest(yaml.safe_load(config["data"]["job.yaml"]))
+    assert reread.spec == example.spec
+    assert reread.metadata.namespace == "elsewhere"
+    assert resolved_job_manifest(example, "x")["spec"]["learner"]["replicas"] == example.spec.learner.replicas
+
+
+def test_suspended_jobs_scale_every_tier_to_zero(example):
+    objects = render(example.model_copy(update={"spec": example.spec.model_copy(update={"suspend": True})}))
+    assert [o["spec"]["replicas"] for o in objects if o["kind"] in WORKLOADS] == [0, 0, 0]
+
+
+# ------------------------------------------------------------------------------------- placement
+def test_spot_policy_becomes_node_affinity_and_tolerations():
+    job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-gpu")))  # learner on-demand, rollout
+    objects = render(job)  # prefer-spot, sandbox spot
+    learner = pod_spec(one(objects, "StatefulSet", "learner"))
+    [term] = learner["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {e["key"] for e in term["matchExpressions"]} == {k for k, _ in SPOT_NODE_LABELS}
+    assert all(e["operator"] == "NotIn" for e in term["matchExpressions"])
+    assert learner["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert learner["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert learner["priorityClassName"] == "rl-training"
+    rollout = pod_spec(one(objects, "StatefulSet", "rollout"))
+    preferred = rollout["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {p["preference"]["matchExpressions"][0]["key"] for p in preferred} == {k for k, _ in SPOT_NODE_LABELS}
+    assert {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+            "effect": "NoSchedule"} in rollout["tolerations"]  # fmt: skip
+    sandbox = pod_spec(one(objects, "Deployment", "sandbox"))
+    terms = sandbox["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["operator"] for t in terms] == ["In"] * len(SPOT_NODE_LABELS)
+    assert sandbox["runtimeClassName"] == "gvisor"
+
+
+def test_the_sandbox_token_secret_is_built_from_a_given_token(example):
+    secret = build_sandbox_token_secret(example, "ns", owner_reference(example, UID), "s3cr3t")
+    kubernetes_validate.validate(secret, NEWEST, strict=True)
+    assert secret["metadata"]["name"] == f"{example.name}-sandbox-token" and secret["stringData"] == {"token": "s3cr3t"}
+    assert all(o["kind"] != "Secret" for o in render(example)), "a re-applied desired state must not rotate tokens"
+
+
+def test_the_pre_stop_hook_finds_the_learner_processes_of_a_parent():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 5
+        while child.pid not in children_of(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.pid in children_of(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_torchrun_argv_names_the_job_for_the_rendezvous(example):
+    assert f"--rdzv-id={example.name}" in torchrun_argv(example, "ns")
