@@ -104,6 +104,10 @@ class RLJobStatus(ApiModel):
     """The spec generation this status describes."""
     start_time: datetime | None = None
     """When the job first started running."""
+    running_seconds: float = Field(0.0, ge=0.0)
+    """Seconds the job has run since it started, time Suspended excluded: the wall-clock breaker's clock."""
+    gpu_hours: float = Field(0.0, ge=0.0)
+    """GPU-hours used so far by all tiers (GPU requests times run time): the GPU-hour breaker's meter."""
     completion_time: datetime | None = None
     """When the job reached a terminal phase."""
     step: int = Field(0, ge=0)
