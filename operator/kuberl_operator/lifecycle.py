@@ -1,0 +1,231 @@
+"""The RLJob state machine: (spec, status, what was observed) -> next status, actions, events. Pure.
+
+Pending -> Initializing -> Running -> (Recovering -> Running) -> Succeeded | Failed | Stopped, and
+Suspended while `spec.suspend` holds. Time is an input (`Observed.now`), never read here, so every
+transition is a table row in the tests. The handlers do the I/O: they observe the children, call
+`next_state`, carry out the actions and write the status when `should_write` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from kuberl.api.spec import RLJobSpec
+from kuberl.api.status import TERMINAL_PHASES, Condition, PerTier, Phase, Reason, RLJobStatus
+from kuberl.api.types import parse_duration
+from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX
+from kuberl_trainer.breakers import Progress, stop_for
+
+TIERS = (LEARNER, ROLLOUT, SANDBOX)
+# The metered counters change on every observation; writing them that often would turn every job into
+# a steady stream of status writes, so they are written at least this often (and with any other change).
+METER_WRITE_S = 30.0
+# Phases in which the job's wall clock runs (the breaker counts time since the job started running).
+_CLOCK_PHASES = frozenset({Phase.RUNNING, Phase.RECOVERING})
+# Health breakers the learner reports are failures of the run, not limits it reached (as in stop_for).
+_LEARNER_FAILURES = frozenset({Reason.NON_FINITE_LOSS, Reason.MISMATCH_KL_EXCEEDED})
+
+
+class ActionKind(StrEnum):
+    RESTART_LEARNER_GANG = "RestartLearnerGang"  # delete every learner pod: the gang resumes from a checkpoint
+    REPLACE_PODS = "ReplacePods"  # delete these pods of one tier; its controller creates new ones
+    SCALE_TO_ZERO = "ScaleToZero"  # every tier to zero replicas; the learner's preStop writes a final checkpoint
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    tier: str | None = None
+    pods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class TierState:
+    """One tier's pods as observed (terminating pods left out: they were already dealt with)."""
+
+    desired: int
+    ready: int = 0
+    failed: tuple[str, ...] = ()  # failed pods, preemptions excluded
+    disrupted: tuple[str, ...] = ()  # pods with a DisruptionTarget condition (spot preemption, node drain)
+
+
+@dataclass(frozen=True)
+class LearnerStop:
+    """The learner's own report that it stopped (its breakers, see kuberl_trainer.breakers)."""
+
+    reason: Reason
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    now: datetime
+    tiers: Mapping[str, TierState]
+    gpus_in_use: float = 0.0  # GPUs requested by the job's running pods
+    metered_at: datetime | None = None  # when status.runningSeconds/gpuHours were last written (None: unknown)
+    last_progress: datetime | None = None  # when status.step last advanced (None: not seen advancing yet)
+    learner_stop: LearnerStop | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: RLJobStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = field(default_factory=tuple)
+
+
+def next_state(spec: RLJobSpec, status: RLJobStatus, observed: Observed, generation: int | None = None) -> Decision:
+    """The next status and what to do to get there. Terminal phases are final."""
+    if status.phase in TERMINAL_PHASES:
+        return Decision(status)
+    now = observed.now
+    new = _metered(status, observed).model_copy(
+        update={
+            "observed_generation": generation if generation is not None else status.observed_generation,
+            "ready_workers": PerTier(**{t: observed.tiers[t].ready for t in TIERS if t in observed.tiers}),
+        }
+    )
+    if spec.suspend:
+        if status.phase == Phase.SUSPENDED:
+            return Decision(new)
+        message = "spec.suspend is true: every tier scaled to zero"
+        return _enter(new, now, Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, message, (Action(ActionKind.SCALE_TO_ZERO),))
+    if status.phase in (Phase.PENDING, Phase.SUSPENDED):
+        return _enter(new, now, Phase.INITIALIZING, Reason.CREATING_WORKERS, "creating the learner, rollout and "
+                      "sandbox tiers")  # fmt: skip
+    if stop := _breaker(spec, new, observed):
+        return stop
+    return _workers(spec, new, observed)
+
+
+def should_write(old: RLJobStatus, new: RLJobStatus, observed: Observed) -> bool:
+    """Write on any change but the metered counters, and those at least every METER_WRITE_S."""
+    counters = {"running_seconds", "gpu_hours"}
+    if old.model_dump(exclude=counters) != new.model_dump(exclude=counters):
+        return True
+    if old.running_seconds == new.running_seconds and old.gpu_hours == new.gpu_hours:
+        return False
+    return observed.metered_at is None or (observed.now - observed.metered_at).total_seconds() >= METER_WRITE_S
+
+
+def _metered(status: RLJobStatus, observed: Observed) -> RLJobStatus:
+    """Add the time since the counters were written. Every phase change writes them, so the stored phase
+    held for that whole interval."""
+    if observed.metered_at is None:
+        return status  # after an operator restart: the interval is unknown, so it is not guessed
+    seconds = max(0.0, (observed.now - observed.metered_at).total_seconds())
+    update = {"gpu_hours": status.gpu_hours + observed.gpus_in_use * seconds / 3600.0}
+    if status.phase in _CLOCK_PHASES:
+        update["running_seconds"] = status.running_seconds + seconds
+    return status.model_copy(update=update)
+
+
+def _breaker(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decision | None:
+    """The operator's backstop for the job's limits; the learner normally stops itself first."""
+    now, limits = observed.now, spec.limits
+    if stop := observed.learner_stop:
+        phase = Phase.SUCCEEDED if stop.reason == Reason.COMPLETED else Phase.STOPPED
+        phase = Phase.FAILED if stop.reason in _LEARNER_FAILURES else phase
+        return _finish(status, now, phase, stop.reason, stop.message or f"the learner stopped: {stop.reason}")
+    if limits.max_gpu_hours is not None and status.gpu_hours >= limits.max_gpu_hours:
+        message = f"used {status.gpu_hours:.2f} GPU-hours, limits.maxGpuHours is {limits.max_gpu_hours}"
+        return _finish(status, now, Phase.STOPPED, Reason.GPU_HOUR_BUDGET_EXHAUSTED, message)
+    if status.phase not in _CLOCK_PHASES:
+        return None
+    # the learner's own breakers on the step and the wall clock, checked from outside with the same function
+    if stop := stop_for(spec, Progress(status.step, status.running_seconds, 0, 0.0)):
+        return _finish(status, now, stop.phase, stop.reason or Reason.COMPLETED, stop.message)
+    timeout = parse_duration(limits.no_progress_timeout)
+    if status.phase == Phase.RUNNING and observed.last_progress is not None:
+        idle = (now - observed.last_progress).total_seconds()
+        if idle >= timeout:
+            return _finish(status, now, Phase.STOPPED, Reason.NO_PROGRESS,
+                           f"no training step for {idle:.0f} s, limits.noProgressTimeout is "
+                           f"{limits.no_progress_timeout}")  # fmt: skip
+    return None
+
+
+def _workers(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decision:
+    """Failures per tier (each failed pod is seen once: the action deletes it), then readiness."""
+    now, budget = observed.now, spec.limits.retry_budget
+    restarts, preemptions = status.restarts.model_copy(), status.preemptions
+    actions: list[Action] = []
+    events: list[Event] = []
+    learner = observed.tiers.get(LEARNER, TierState(0))
+    for tier in (ROLLOUT, SANDBOX):
+        state = observed.tiers.get(tier, TierState(0))
+        lost = state.failed + state.disrupted
+        if not lost:
+            continue
+        setattr(restarts, tier, getattr(restarts, tier) + len(state.failed))
+        preemptions += len(state.disrupted)
+        actions.append(Action(ActionKind.REPLACE_PODS, tier, lost))
+        events.append(Event("Warning", "WorkerReplaced", f"replacing {tier} pod(s) {', '.join(lost)}"
+                            f"{' (preempted)' if state.disrupted else ''}; the learner keeps training"))  # fmt: skip
+    learner_lost = bool(learner.failed or learner.disrupted)
+    if learner.failed:
+        restarts.learner += 1
+    elif learner.disrupted:
+        preemptions += 1
+    status = status.model_copy(update={"restarts": restarts, "preemptions": preemptions})
+    exhausted = [t for t in TIERS if getattr(restarts, t) > budget]
+    if exhausted:
+        tier = exhausted[0]
+        return _finish(status, now, Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED,
+                       f"{getattr(restarts, tier)} {tier} restarts, limits.retryBudget is {budget}",
+                       events=tuple(events))  # fmt: skip
+    if learner_lost:
+        reason = Reason.WORKER_LOST if learner.failed else Reason.PREEMPTED
+        pods = learner.failed + learner.disrupted
+        checkpoint = status.last_checkpoint
+        resume = f"checkpoint step {checkpoint.step} ({checkpoint.uri})" if checkpoint else "scratch (no checkpoint)"
+        message = f"learner pod(s) {', '.join(pods)} lost: restarting the learner gang from {resume}"
+        actions.append(Action(ActionKind.RESTART_LEARNER_GANG, LEARNER, pods))
+        return _enter(status, now, Phase.RECOVERING, reason, message, tuple(actions), tuple(events))
+    if status.phase in (Phase.INITIALIZING, Phase.RECOVERING) and _all_ready(observed.tiers):
+        started = status.start_time or now
+        status = status.model_copy(update={"start_time": started})
+        return _enter(status, now, Phase.RUNNING, Reason.TRAINING, "every tier is ready; training",
+                      tuple(actions), tuple(events))  # fmt: skip
+    return Decision(status, tuple(actions), tuple(events))
+
+
+def _all_ready(tiers: Mapping[str, TierState]) -> bool:
+    return all(tiers[t].ready >= tiers[t].desired for t in TIERS if t in tiers) and LEARNER in tiers
+
+
+def _enter(status: RLJobStatus, now: datetime, phase: Phase, reason: Reason, message: str,
+           actions: tuple[Action, ...] = (), events: tuple[Event, ...] = ()) -> Decision:  # fmt: skip
+    """A transition: the phase, its reason and conditions, and an event saying so."""
+    kind = "Warning" if phase in (Phase.RECOVERING, Phase.FAILED) else "Normal"
+    conditions = set_condition(status.conditions, "Ready", phase == Phase.RUNNING, reason, message, now)
+    conditions = set_condition(conditions, "Suspended", phase == Phase.SUSPENDED, reason, message, now)
+    new = status.model_copy(update={"phase": phase, "reason": reason, "message": message, "conditions": conditions})
+    return Decision(new, actions, (*events, Event(kind, str(reason), f"{phase}: {message}")))
+
+
+def _finish(status: RLJobStatus, now: datetime, phase: Phase, reason: Reason, message: str,
+            events: tuple[Event, ...] = ()) -> Decision:  # fmt: skip
+    """A terminal transition: every tier to zero (the learner checkpoints on the way down)."""
+    done = _enter(status.model_copy(update={"completion_time": now}), now, phase, reason, message, events=events)
+    return Decision(done.status, (Action(ActionKind.SCALE_TO_ZERO),), done.events)
+
+
+def set_condition(conditions: list[Condition], type_: str, holds: bool, reason: str | Reason, message: str,
+                  now: datetime) -> list[Condition]:  # fmt: skip
+    """Conditions with `type_` set; its transition time moves only when its status flips."""
+    status = "True" if holds else "False"
+    old = next((c for c in conditions if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == status else now
+    new = Condition(type=type_, status=status, reason=str(reason), message=message, last_transition_time=since)
+    return [*(c for c in conditions if c.type != type_), new]

@@ -1,0 +1,187 @@
+"""The RLJob state machine, one table row per transition and breaker (no cluster, no clock)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kuberl.api.spec import RLJobSpec
+from kuberl.api.status import CheckpointRef, PerTier, Phase, Reason, RLJobStatus
+from kuberl_operator.lifecycle import (
+    METER_WRITE_S,
+    Action,
+    ActionKind,
+    LearnerStop,
+    Observed,
+    TierState,
+    next_state,
+    should_write,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+NOW = T0 + timedelta(hours=1)
+
+
+def spec(**limits) -> RLJobSpec:
+    return RLJobSpec.model_validate({"training": {"totalSteps": 100}, "limits": {"retryBudget": 2, **limits}})
+
+
+def tiers(learner=(2, 2), rollout=(2, 2), sandbox=(1, 1), **extra) -> dict[str, TierState]:
+    """(desired, ready) per tier; extra: learner_failed=("p",), rollout_disrupted=(...), ..."""
+    out = {}
+    for tier, (desired, ready) in (("learner", learner), ("rollout", rollout), ("sandbox", sandbox)):
+        out[tier] = TierState(desired, ready, extra.get(f"{tier}_failed", ()), extra.get(f"{tier}_disrupted", ()))
+    return out
+
+
+def status(phase: Phase, **fields) -> RLJobStatus:
+    return RLJobStatus(phase=phase, **fields)
+
+
+CKPT = CheckpointRef(step=40, uri="s3://b/ckpt/step-40")
+
+# (name, spec, status, observed, expected phase, expected reason, expected action kinds)
+TRANSITIONS = [
+    ("created", spec(), status(Phase.PENDING), Observed(NOW, tiers(learner=(2, 0))),
+     Phase.INITIALIZING, Reason.CREATING_WORKERS, []),
+    ("waiting for pods", spec(), status(Phase.INITIALIZING), Observed(NOW, tiers(rollout=(2, 1))),
+     Phase.INITIALIZING, None, []),
+    ("all ready", spec(), status(Phase.INITIALIZING), Observed(NOW, tiers()),
+     Phase.RUNNING, Reason.TRAINING, []),
+    ("learner pod failed", spec(), status(Phase.RUNNING, last_checkpoint=CKPT),
+     Observed(NOW, tiers(learner=(2, 1), learner_failed=("j-learner-1",))),
+     Phase.RECOVERING, Reason.WORKER_LOST, [ActionKind.RESTART_LEARNER_GANG]),
+    ("learner preempted", spec(), status(Phase.RUNNING),
+     Observed(NOW, tiers(learner=(2, 1), learner_disrupted=("j-learner-0",))),
+     Phase.RECOVERING, Reason.PREEMPTED, [ActionKind.RESTART_LEARNER_GANG]),
+    ("recovered", spec(), status(Phase.RECOVERING), Observed(NOW, tiers()),
+     Phase.RUNNING, Reason.TRAINING, []),
+    ("rollout pod failed", spec(), status(Phase.RUNNING),
+     Observed(NOW, tiers(rollout=(2, 1), rollout_failed=("j-rollout-1",))),
+     Phase.RUNNING, None, [ActionKind.REPLACE_PODS]),
+    ("retry budget exhausted", spec(), status(Phase.RUNNING, restarts=PerTier(learner=2)),
+     Observed(NOW, tiers(learner_failed=("j-learner-0",))),
+     Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
+    ("rollout budget exhausted", spec(), status(Phase.RUNNING, restarts=PerTier(rollout=2)),
+     Observed(NOW, tiers(rollout_failed=("j-rollout-0",))),
+     Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
+    ("suspended", spec().model_copy(update={"suspend": True}), status(Phase.RUNNING), Observed(NOW, tiers()),
+     Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, [ActionKind.SCALE_TO_ZERO]),
+    ("resumed", spec(), status(Phase.SUSPENDED), Observed(NOW, tiers(learner=(2, 0))),
+     Phase.INITIALIZING, Reason.CREATING_WORKERS, []),
+    ("completed", spec(), status(Phase.RUNNING, step=100), Observed(NOW, tiers()),
+     Phase.SUCCEEDED, Reason.COMPLETED, [ActionKind.SCALE_TO_ZERO]),
+    ("max steps", spec(maxSteps=120).model_copy(update={"training": spec().training.model_copy(
+        update={"total_steps": 200})}), status(Phase.RUNNING, step=120), Observed(NOW, tiers()),
+     Phase.STOPPED, Reason.MAX_STEPS_REACHED, [ActionKind.SCALE_TO_ZERO]),
+    ("max wall clock", spec(maxWallClock="1h"), status(Phase.RUNNING, running_seconds=3590.0),
+     Observed(NOW, tiers(), metered_at=NOW - timedelta(seconds=10)),
+     Phase.STOPPED, Reason.MAX_WALL_CLOCK_REACHED, [ActionKind.SCALE_TO_ZERO]),
+    ("gpu hours", spec(maxGpuHours=10.0), status(Phase.RUNNING, gpu_hours=9.9),
+     Observed(NOW, tiers(), gpus_in_use=8.0, metered_at=NOW - timedelta(minutes=1)),
+     Phase.STOPPED, Reason.GPU_HOUR_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
+    ("no progress", spec(noProgressTimeout="30m"), status(Phase.RUNNING, step=5),
+     Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=31)),
+     Phase.STOPPED, Reason.NO_PROGRESS, [ActionKind.SCALE_TO_ZERO]),
+    ("progress within timeout", spec(noProgressTimeout="30m"), status(Phase.RUNNING, step=5),
+     Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=29)), Phase.RUNNING, None, []),
+    ("learner non-finite loss", spec(), status(Phase.RUNNING),
+     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.NON_FINITE_LOSS, "3 steps non-finite")),
+     Phase.FAILED, Reason.NON_FINITE_LOSS, [ActionKind.SCALE_TO_ZERO]),
+    ("learner mismatch kl", spec(), status(Phase.RUNNING),
+     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MISMATCH_KL_EXCEEDED)),
+     Phase.FAILED, Reason.MISMATCH_KL_EXCEEDED, [ActionKind.SCALE_TO_ZERO]),
+    ("learner reached max steps", spec(), status(Phase.RUNNING),
+     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MAX_STEPS_REACHED)),
+     Phase.STOPPED, Reason.MAX_STEPS_REACHED, [ActionKind.SCALE_TO_ZERO]),
+    ("terminal is final", spec(), status(Phase.STOPPED, reason=Reason.NO_PROGRESS),
+     Observed(NOW, tiers(learner_failed=("x",))), Phase.STOPPED, Reason.NO_PROGRESS, []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec_", "old", "observed", "phase", "reason", "kinds"),
+                         [row[1:] for row in TRANSITIONS], ids=[row[0] for row in TRANSITIONS])  # fmt: skip
+def test_transition(spec_, old, observed, phase, reason, kinds):
+    decision = next_state(spec_, old, observed)
+    assert decision.status.phase == phase
+    assert decision.status.reason == (reason if reason is not None else old.reason)
+    assert [a.kind for a in decision.actions] == kinds
+    if decision.status.phase != old.phase:
+        assert decision.events, "every transition posts an event"
+        assert decision.events[-1].reason == str(reason)
+    elif not kinds:
+        assert not decision.events
+
+
+def test_learner_failure_counts_a_restart_and_names_the_checkpoint():
+    observed = Observed(NOW, tiers(learner_failed=("j-learner-1",)))
+    decision = next_state(spec(), status(Phase.RUNNING, last_checkpoint=CKPT), observed)
+    assert decision.status.restarts == PerTier(learner=1)
+    assert "checkpoint step 40 (s3://b/ckpt/step-40)" in decision.status.message
+    assert decision.actions == (Action(ActionKind.RESTART_LEARNER_GANG, "learner", ("j-learner-1",)),)
+
+
+def test_preemption_spends_no_retry_budget():
+    observed = Observed(NOW, tiers(learner_disrupted=("j-learner-0",), rollout_disrupted=("j-rollout-1",)))
+    decision = next_state(spec(), status(Phase.RUNNING, restarts=PerTier(learner=2)), observed)
+    assert decision.status.phase == Phase.RECOVERING
+    assert decision.status.restarts == PerTier(learner=2)
+    assert decision.status.preemptions == 2
+
+
+def test_rollout_failure_replaces_the_pod_and_leaves_the_learner():
+    observed = Observed(NOW, tiers(rollout_failed=("j-rollout-1",)))
+    decision = next_state(spec(), status(Phase.RUNNING), observed)
+    assert decision.actions == (Action(ActionKind.REPLACE_PODS, "rollout", ("j-rollout-1",)),)
+    assert decision.status.restarts == PerTier(rollout=1)
+    assert decision.events[0].reason == "WorkerReplaced"
+
+
+def test_running_sets_start_time_once_and_ready_condition():
+    decision = next_state(spec(), status(Phase.INITIALIZING), Observed(NOW, tiers()))
+    assert decision.status.start_time == NOW
+    ready = {c.type: c for c in decision.status.conditions}["Ready"]
+    assert ready.status == "True" and ready.last_transition_time == NOW
+    later = next_state(spec(), decision.status.model_copy(update={"phase": Phase.RECOVERING}),
+                       Observed(NOW + timedelta(hours=1), tiers()))  # fmt: skip
+    assert later.status.start_time == NOW
+
+
+def test_wall_clock_excludes_time_suspended():
+    metered = NOW - timedelta(minutes=10)
+    running = next_state(spec(), status(Phase.RUNNING, running_seconds=100.0), Observed(NOW, tiers(),
+                         metered_at=metered))  # fmt: skip
+    assert running.status.running_seconds == 700.0
+    suspended = next_state(
+        spec().model_copy(update={"suspend": True}),
+        status(Phase.SUSPENDED, running_seconds=100.0),
+        Observed(NOW, tiers(), metered_at=metered),
+    )
+    assert suspended.status.running_seconds == 100.0
+
+
+def test_gpu_hours_accumulate_from_gpus_in_use():
+    observed = Observed(NOW, tiers(), gpus_in_use=4.0, metered_at=NOW - timedelta(minutes=30))
+    assert next_state(spec(), status(Phase.RUNNING, gpu_hours=1.0), observed).status.gpu_hours == 3.0
+
+
+def test_unknown_meter_time_adds_nothing():
+    decision = next_state(spec(), status(Phase.RUNNING, running_seconds=5.0), Observed(NOW, tiers(), gpus_in_use=8))
+    assert decision.status.running_seconds == 5.0 and decision.status.gpu_hours == 0.0
+
+
+@pytest.mark.parametrize(
+    ("change", "metered_ago", "write"),
+    [
+        ({}, 5.0, False),
+        ({"running_seconds": 105.0}, 5.0, False),
+        ({"running_seconds": 105.0}, METER_WRITE_S, True),
+        ({"phase": Phase.RECOVERING}, 1.0, True),
+        ({"ready_workers": PerTier(learner=1)}, 1.0, True),
+    ],
+)
+def test_status_is_written_only_when_it_changed(change, metered_ago, write):
+    old = status(Phase.RUNNING, running_seconds=100.0)
+    observed = Observed(NOW, tiers(), metered_at=NOW - timedelta(seconds=metered_ago))
+    assert should_write(old, old.model_copy(update=change), observed) is write
