@@ -89,6 +89,22 @@ def render(job_file: str, namespace: str | None, uid: str | None) -> None:
                f"(key 'token') in namespace {ns!r}, which the operator creates", err=True)  # fmt: skip
 
 
+@main.command("operator")
+@click.option("-n", "--namespace", "namespaces", multiple=True,
+              help="Watch RLJobs in this namespace (repeat) [all namespaces].")  # fmt: skip
+@click.option("--liveness", default=None, help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every handler run.")
+def operator_command(namespaces: tuple[str, ...], liveness: str | None, verbose: bool) -> None:
+    """Run the RLJob operator (kopf, one replica: no peering): applies each job's children, drives its
+    state machine and enforces its circuit breakers. Credentials: in-cluster, else the kubeconfig."""
+    import kopf
+
+    import kuberl_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=verbose)
+    kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces, liveness_endpoint=liveness)
+
+
 @main.command()
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8700, show_default=True, type=int, help="Port to listen on.")

@@ -1,0 +1,90 @@
+"""Apply the desired children idempotently: create what is missing, merge-patch what differs, touch
+nothing that already matches (a restarted operator re-applies everything without a single write)."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from typing import Any
+
+import yaml
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.spec import RLJobSpec
+from kuberl_operator.desired import desired_objects
+from kuberl_operator.job_config import build_config_map
+from kuberl_operator.kube import Kube, object_path
+from kuberl_operator.meta import owner_reference
+from kuberl_operator.pod import JOB_FILE_KEY
+from kuberl_operator.secret import build_sandbox_token_secret
+
+# A running learner cannot switch model or algorithm without starting over: its checkpoints, optimizer
+# state and published weights all belong to the old ones. Replica counts and limits can change.
+UNSAFE_FIELDS = ("model", "algorithm")
+
+
+def unsafe_changes(applied: RLJobSpec, new: RLJobSpec) -> list[str]:
+    """`spec.<field>` for each unsafe field that differs from the applied spec."""
+    return [f"spec.{name}" for name in UNSAFE_FIELDS if getattr(applied, name) != getattr(new, name)]
+
+
+def applied_spec(config_map: dict[str, Any] | None) -> RLJobSpec | None:
+    """The spec the pods run, from the job's ConfigMap (None before the first apply)."""
+    text = ((config_map or {}).get("data") or {}).get(JOB_FILE_KEY)
+    if not text:
+        return None
+    return RLJobSpec.model_validate((yaml.safe_load(text) or {}).get("spec") or {})
+
+
+def contains(existing: Any, desired: Any) -> bool:
+    """Whether `existing` already holds every field of `desired` (server-added fields are ignored)."""
+    if isinstance(desired, dict):
+        return isinstance(existing, dict) and all(contains(existing.get(k), v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(existing, list) and len(existing) == len(desired)
+                and all(contains(e, d) for e, d in zip(existing, desired, strict=True)))  # fmt: skip
+    return existing == desired
+
+
+def config_map_path(job: RLJob, namespace: str) -> str:
+    return object_path(build_config_map(job, namespace, None))
+
+
+def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down: bool) -> list[str]:
+    """Create or patch every child; `scaled_down` renders every tier with zero replicas (suspended or
+    finished jobs). Returns 'Kind/name' of what was written."""
+    if scaled_down:
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
+    owner = owner_reference(job, uid)
+    written = []
+    secret = build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32))
+    if kube.get(object_path(secret)) is None:  # create once: re-applying must never rotate a token in use
+        kube.create(_with_uid(secret))
+        written.append(f"Secret/{secret['metadata']['name']}")
+    for obj in desired_objects(job, namespace, owner=owner):
+        existing = kube.get(object_path(obj))
+        if existing is None:
+            kube.create(_with_uid(obj))
+        elif not contains(existing, obj):
+            kube.patch(object_path(obj), obj)
+        else:
+            continue
+        written.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return written
+
+
+def delete_children(kube: Kube, job: RLJob, namespace: str) -> list[str]:
+    """Delete every child (the API server's garbage collector would too, through owner references; this
+    also works where there is none). Returns 'Kind/name' of what was deleted."""
+    secret = build_sandbox_token_secret(job, namespace, None, "unused")
+    gone = []
+    for obj in [*reversed(desired_objects(job, namespace, owner=None)), secret]:
+        if kube.delete(object_path(obj)):
+            gone.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return gone
+
+
+def _with_uid(obj: dict[str, Any]) -> dict[str, Any]:
+    """A real API server replaces metadata.uid on create; API emulators keep it, and tools that track
+    objects by uid (kopf among them) need one."""
+    return {**obj, "metadata": {**obj["metadata"], "uid": str(uuid.uuid4())}}

@@ -1,0 +1,116 @@
+"""kopf registration, nothing else: each handler hands its work to kuberl_operator.reconcile.
+
+Run with `kuberl operator` (or `kopf run --standalone -A` on this file). Level-based: a timer per job
+observes the children and drives the state machine; create/update/resume apply the desired objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kuberl.api.status import TERMINAL_PHASES
+from kuberl.crd import GROUP, PLURAL, VERSION
+from kuberl_operator import reconcile
+from kuberl_operator.kube import Kube
+from kuberl_operator.lifecycle import Event
+
+# Seconds between observations of a job; tests shorten it.
+INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_INTERVAL", "3"))
+# Deletion retries before the finalizer is released anyway: a job must never be stuck deleting.
+DELETE_RETRIES = 3
+RLJOBS = (GROUP, VERSION, PLURAL)
+_kube: Kube | None = None
+# kopf runs a job's timer and its event handlers concurrently; both read the phase and write children, so
+# one job's work is serialised (a scale-down must not be overwritten by an apply that read the phase before).
+_job_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+
+def _lock(body: kopf.Body) -> threading.Lock:
+    return _job_locks[body["metadata"]["namespace"], body["metadata"]["name"]]
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        _kube = Kube.from_environment()
+    return _kube
+
+
+def _poster(body: kopf.Body, logger: kopf.Logger):
+    def post(event: Event) -> None:
+        try:
+            reconcile.post_event(kube(), dict(body), event, _now())
+        except Exception as err:  # an event is a courtesy: losing one must not fail the reconciliation
+            logger.warning("could not post event %s: %s", event.reason, err)
+
+    return post
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)  # the only clock the operator reads
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # a watch that silently stops delivering events is kopf's known failure mode: bound every request
+    settings.watching.server_timeout = int(os.environ.get("KUBERL_WATCH_SERVER_TIMEOUT", "300"))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.connect_timeout = 30
+    # kopf's bookkeeping in annotations under our prefix, so the status holds only RLJobStatus fields
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=reconcile.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=reconcile.KOPF_PREFIX)
+    settings.posting.level = logging.WARNING  # events come from the state machine, not from kopf's logs
+    kube()
+
+
+@kopf.on.resume(*RLJOBS)
+@kopf.on.create(*RLJOBS)
+@kopf.on.update(*RLJOBS, field="spec")
+def apply(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    post = _poster(body, logger)
+    try:
+        reconcile.parse_job(dict(body))
+    except ValidationError as err:
+        reconcile.fail_invalid(kube(), dict(body), err, _now(), post)
+        return
+    with _lock(body):
+        written = reconcile.apply_job(kube(), dict(body), _now(), post)
+    if written:
+        logger.info("applied %s", ", ".join(written))
+
+
+@kopf.timer(*RLJOBS, interval=INTERVAL_S, initial_delay=0.1)
+def observe(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    if reconcile.current_status(dict(body)).phase in TERMINAL_PHASES:
+        return  # finished (or failed as invalid): nothing left to observe
+    try:
+        reconcile.parse_job(dict(body))
+    except ValidationError:
+        return  # the create handler fails it with InvalidSpec
+    memory = memo.setdefault("job", reconcile.Memory())
+    with _lock(body):
+        reconcile.drive(kube(), dict(body), memory, _now(), _poster(body, logger))
+
+
+@kopf.on.delete(*RLJOBS, retries=DELETE_RETRIES, backoff=1)
+def delete(body: kopf.Body, retry: int, logger: kopf.Logger, **_: Any) -> None:
+    try:
+        with _lock(body):
+            gone = reconcile.clean_up(kube(), dict(body))
+        _job_locks.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+    except ValidationError:
+        return  # never applied: nothing to clean up
+    except Exception as err:
+        if retry + 1 >= DELETE_RETRIES:
+            logger.error("giving up cleaning up after %d tries, releasing the job: %s", retry + 1, err)
+            return
+        raise kopf.TemporaryError(f"cleaning up: {err}", delay=1) from err
+    logger.info("deleted %s", ", ".join(gone) or "nothing")

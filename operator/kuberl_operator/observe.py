@@ -1,0 +1,71 @@
+"""What the operator reads back: the job's pods per tier and the learner's report, as state-machine input.
+
+Pure functions over the objects the API returned, so they are tested with plain dictionaries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.status import Reason
+from kuberl_operator.desired import GPU
+from kuberl_operator.lifecycle import TIERS, LearnerStop, TierState
+from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, TIER_LABEL
+
+# The learner reports that it stopped itself (a breaker, or training done) with this condition on the
+# RLJob status, reason = a kuberl.api.status.Reason; the fields it owns (step, policyVersion,
+# lastCheckpoint, rewardMean, ...) it writes directly.
+LEARNER_STOPPED = "LearnerStopped"
+
+
+def desired_replicas(job: RLJob, scaled_down: bool) -> dict[str, int]:
+    """Pods each tier should have (the sandbox tier is autoscaled above its minimum)."""
+    if scaled_down:
+        return dict.fromkeys(TIERS, 0)
+    spec = job.spec
+    return {LEARNER: spec.learner.replicas, ROLLOUT: spec.rollout.replicas, SANDBOX: spec.sandbox.min_replicas}
+
+
+def tier_states(pods: list[dict[str, Any]], desired: dict[str, int]) -> dict[str, TierState]:
+    """Ready, failed and disrupted pods per tier. Terminating pods are left out: the operator (or the
+    node) is already replacing them, so counting them again would charge one failure twice."""
+    ready: dict[str, int] = dict.fromkeys(TIERS, 0)
+    failed: dict[str, list[str]] = {t: [] for t in TIERS}
+    disrupted: dict[str, list[str]] = {t: [] for t in TIERS}
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta, status = pod["metadata"], pod.get("status") or {}
+        tier = (meta.get("labels") or {}).get(TIER_LABEL)
+        if tier not in ready or meta.get("deletionTimestamp"):
+            continue
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        if conditions.get("DisruptionTarget") == "True":
+            disrupted[tier].append(meta["name"])
+        elif status.get("phase") == "Failed":
+            failed[tier].append(meta["name"])
+        elif conditions.get("Ready") == "True":
+            ready[tier] += 1
+    return {t: TierState(desired[t], ready[t], tuple(failed[t]), tuple(disrupted[t])) for t in TIERS}
+
+
+def gpus_in_use(pods: list[dict[str, Any]]) -> float:
+    """GPUs held by running pods (limits, which Kubernetes requires to equal requests for GPUs)."""
+    total = 0.0
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            limits = (container.get("resources") or {}).get("limits") or {}
+            total += float(limits.get(GPU, 0) or 0)
+    return total
+
+
+def learner_stop(status: dict[str, Any]) -> LearnerStop | None:
+    """The learner's stop report, if it made one with a reason the state machine knows."""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == LEARNER_STOPPED and condition.get("status") == "True":
+            try:
+                return LearnerStop(Reason(condition.get("reason")), condition.get("message") or "")
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,192 @@
+"""What the handlers do, one function each: apply a job, observe and drive it, clean it up. The I/O sits
+here; every decision is made by the pure modules (desired, apply.contains, observe, lifecycle)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
+from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
+from kuberl_operator.kube import Kube, collection_path, rljob_path
+from kuberl_operator.lifecycle import Action, ActionKind, Event, Observed, next_state, set_condition, should_write
+from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, TIER_LABEL
+from kuberl_operator.observe import desired_replicas, gpus_in_use, learner_stop, tier_states
+
+SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
+PostEvent = Callable[[Event], None]
+_STATUS_KEYS = {f.alias or name for name, f in RLJobStatus.model_fields.items()}
+
+
+@dataclass
+class Memory:
+    """What the operator remembers about a job between observations (lost on restart, by design: every
+    field has a safe value to start from)."""
+
+    metered_at: datetime | None = None
+    last_step: int | None = None
+    last_progress: datetime | None = None
+
+
+def post_event(kube: Kube, body: dict[str, Any], event: Event, now: datetime) -> None:
+    """A core/v1 Event on the RLJob, named `<job>.<random hex>` like kubectl's: unique without relying on
+    the server's generateName (which API emulators lack)."""
+    meta = body["metadata"]
+    stamp = now.isoformat().replace("+00:00", "Z")
+    kube.create({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta.get("uid")},
+        "type": event.type, "reason": event.reason, "message": event.message[:1024],
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+    })  # fmt: skip
+
+
+def fresh(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+    """The job as stored now (the watch may still be delivering a write made a moment ago)."""
+    meta = body["metadata"]
+    return kube.get(rljob_path(meta["namespace"], meta["name"])) or body
+
+
+def parse_job(body: dict[str, Any]) -> RLJob:
+    """The RLJob, validated with the project's models (status and server metadata set aside)."""
+    meta = body.get("metadata") or {}
+    manifest = {k: body[k] for k in ("apiVersion", "kind", "spec") if k in body}
+    manifest["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
+    # kopf's own bookkeeping annotations change as it works: copied onto children they would re-patch them all
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(KOPF_PREFIX + "/")}
+    if annotations:
+        manifest["metadata"]["annotations"] = annotations
+    return RLJob.from_manifest(manifest)
+
+
+def current_status(body: dict[str, Any]) -> RLJobStatus:
+    """The stored status (fields other writers added are ignored)."""
+    raw = {k: v for k, v in (body.get("status") or {}).items() if k in _STATUS_KEYS}
+    try:
+        return RLJobStatus.model_validate(raw)
+    except ValidationError:
+        return RLJobStatus()
+
+
+def write_status(kube: Kube, body: dict[str, Any], old: RLJobStatus, new: RLJobStatus) -> None:
+    """Merge-patch the fields that changed, and only those: the learner writes its own (step, checkpoint)
+    into the same status and must not be overwritten with what this operator read earlier."""
+    before = old.model_dump(mode="json", by_alias=True, exclude_none=True)
+    after = new.model_dump(mode="json", by_alias=True, exclude_none=True)
+    patch: dict[str, Any] = {k: v for k, v in after.items() if before.get(k) != v}
+    patch.update({k: None for k in before if k not in after})
+    if patch:
+        meta = body["metadata"]
+        kube.patch(rljob_path(meta["namespace"], meta["name"]) + "/status", {"status": patch})
+
+
+def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: datetime, post: PostEvent) -> None:
+    """An invalid spec fails the job at once, saying which fields are wrong."""
+    old = current_status(body)
+    if old.phase == Phase.FAILED and old.reason == Reason.INVALID_SPEC:
+        return
+    problems = "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" if e["loc"][:1] == ("spec",)
+                         else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())  # fmt: skip
+    message = f"invalid RLJob: {problems}"[:32768]
+    new = old.model_copy(update={"phase": Phase.FAILED, "reason": Reason.INVALID_SPEC, "message": message,
+                                 "completion_time": now})  # fmt: skip
+    write_status(kube, body, old, new)
+    post(Event("Warning", str(Reason.INVALID_SPEC), message))
+
+
+def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent) -> list[str]:
+    """Apply the children unless the spec change is unsafe for a started job; then say why in a condition."""
+    body = fresh(kube, body)  # the phase decides the replicas: a stale one would undo a scale-down
+    job, namespace = parse_job(body), body["metadata"]["namespace"]
+    old = current_status(body)
+    applied = applied_spec(kube.get(config_map_path(job, namespace)))
+    refused = unsafe_changes(applied, job.spec) if applied is not None and old.phase != Phase.PENDING else []
+    if refused:
+        message = (f"{', '.join(refused)} cannot change once the job has started (the checkpoints belong to "
+                   f"the applied ones); revert the change or create a new RLJob")  # fmt: skip
+    else:
+        message = "the spec is applied"
+    if refused or any(c.type == SPEC_CHANGE_REFUSED for c in old.conditions):
+        reason = "UnsafeSpecChange" if refused else "Applied"
+        conditions = set_condition(old.conditions, SPEC_CHANGE_REFUSED, bool(refused), reason, message, now)
+        new = old.model_copy(update={"conditions": conditions})
+        if new != old:
+            write_status(kube, body, old, new)
+            if refused:
+                post(Event("Warning", SPEC_CHANGE_REFUSED, message))
+    if refused:
+        return []
+    scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES
+    return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down)
+
+
+def drive(kube: Kube, body: dict[str, Any], memory: Memory, now: datetime, post: PostEvent) -> RLJobStatus:
+    """One observation: read the job and its pods, run the state machine, act, post events, write the status.
+    The job is read afresh, not taken from the watch: a status written a moment ago (by this operator or the
+    learner) may not have arrived through the watch yet, and deciding on an older one would undo it."""
+    if current_status(body).phase in TERMINAL_PHASES:
+        return current_status(body)  # final: no stored status can be newer than a terminal one
+    body = fresh(kube, body)
+    job, meta = parse_job(body), body["metadata"]
+    old = current_status(body)
+    if old.phase in TERMINAL_PHASES:
+        return old
+    pods = kube.list(collection_path("v1", "Pod", meta["namespace"]), {JOB_LABEL: job.name})
+    if memory.last_step != old.step or memory.last_progress is None:
+        memory.last_step, memory.last_progress = old.step, now
+    observed = Observed(
+        now=now,
+        tiers=tier_states(pods, desired_replicas(job, job.spec.suspend)),
+        gpus_in_use=gpus_in_use(pods),
+        metered_at=memory.metered_at,
+        last_progress=memory.last_progress,
+        learner_stop=learner_stop(body.get("status") or {}),
+    )
+    decision = next_state(job.spec, old, observed, generation=meta.get("generation"))
+    for action in decision.actions:
+        _act(kube, body, job, action)
+    if should_write(old, decision.status, observed):
+        write_status(kube, body, old, decision.status)
+        memory.metered_at = now
+    elif memory.metered_at is None:
+        memory.metered_at = now  # the stored counters are as of now: meter from here
+    for event in decision.events:
+        post(event)
+    return decision.status
+
+
+def _act(kube: Kube, body: dict[str, Any], job: RLJob, action: Action) -> None:
+    namespace = body["metadata"]["namespace"]
+    pods = collection_path("v1", "Pod", namespace)
+    if action.kind == ActionKind.SCALE_TO_ZERO:
+        # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
+        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True)
+    elif action.kind == ActionKind.RESTART_LEARNER_GANG:
+        # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
+        for pod in kube.list(pods, {JOB_LABEL: job.name, TIER_LABEL: LEARNER}):
+            kube.delete(f"{pods}/{pod['metadata']['name']}")
+    elif action.kind == ActionKind.REPLACE_PODS:
+        for name in action.pods:
+            kube.delete(f"{pods}/{name}")
+
+
+def clean_up(kube: Kube, body: dict[str, Any]) -> list[str]:
+    """Delete the children and the job's pods (which the garbage collector would delete with them)."""
+    meta = body["metadata"]
+    job = parse_job(body)
+    gone = delete_children(kube, job, meta["namespace"])
+    pods = collection_path("v1", "Pod", meta["namespace"])
+    for pod in kube.list(pods, {JOB_LABEL: job.name}):
+        if kube.delete(f"{pods}/{pod['metadata']['name']}"):
+            gone.append(f"Pod/{pod['metadata']['name']}")
+    return gone

@@ -1,0 +1,349 @@
+"""The operator as a real `kopf run` process against kmock (a Kubernetes API emulator) over HTTP.
+
+kmock has no controllers: the tests play the StatefulSet controller and the kubelet, creating the pods
+and setting their status, and play the learner, writing its step and checkpoint into the RLJob status.
+One emulator and one operator serve every test; each test has its own job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+NS = "default"
+RLJOBS = f"/apis/kuberl.io/v1alpha1/namespaces/{NS}/rljobs"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+STATEFULSETS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+SECRETS = f"/api/v1/namespaces/{NS}/secrets"
+CHILDREN = [  # (collection, name suffix) of every object the operator applies
+    (f"/api/v1/namespaces/{NS}/serviceaccounts", "learner"),
+    (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles", "learner"),
+    (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings", "learner"),
+    (CONFIGMAPS, "config"),
+    (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", "sandbox"),
+    (f"/api/v1/namespaces/{NS}/services", "sandbox"),
+    (f"/api/v1/namespaces/{NS}/services", "rollout"),
+    (f"/api/v1/namespaces/{NS}/services", "learner"),
+    (f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets", "rollout"),
+    (f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets", "learner"),
+    (f"/apis/apps/v1/namespaces/{NS}/deployments", "sandbox"),
+    (STATEFULSETS, "rollout"),
+    (STATEFULSETS, "learner"),
+    (SECRETS, "sandbox-token"),
+]
+TIMEOUT_S = 30.0  # generous: the 2 CPU cores may be shared with other work
+
+
+class Api:
+    """Plain HTTP to the emulator."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data, {"Content-Type": content_type}, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return None
+            raise
+
+    def get(self, path: str) -> Any:
+        return self.call("GET", path)
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        return (self.get(path) or {}).get("items") or []
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self.call("POST", path, body)
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        return self.call("PATCH", path, body, "application/merge-patch+json")
+
+    def delete(self, path: str) -> Any:
+        return self.call("DELETE", path)
+
+
+def _serve_kmock(started: threading.Event, box: dict[str, Any]) -> None:
+    async def main() -> None:
+        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+            emulator.resources.load_bundled()
+            # posting the CRD does not register a kind in kmock: register it directly
+            emulator.resources["kuberl.io/v1alpha1/rljobs"] = kmock.ResourceInfo(
+                kind="RLJob", namespaced=True, subresources={"status"},
+                verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+            )  # fmt: skip
+            box["url"], box["stop"], box["loop"] = str(server.url), asyncio.Event(), asyncio.get_running_loop()
+            started.set()
+            await box["stop"].wait()
+
+    asyncio.run(main())
+
+
+class Operator:
+    """A `kopf run` subprocess, stopped by its pid."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig, self.log, self.process = kubeconfig, log, None
+
+    def start(self, command: list[str]) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBERL_OPERATOR_INTERVAL": "1",
+               "KUBERL_WATCH_SERVER_TIMEOUT": "60"}  # fmt: skip
+        self.process = subprocess.Popen(command, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)  # a crash, not a clean shutdown: the worst case
+            self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Operator]]:
+    started, box = threading.Event(), {}
+    thread = threading.Thread(target=_serve_kmock, args=(started, box), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    folder = tmp_path_factory.mktemp("operator")
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": box["url"].rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NS}}],
+    }))  # fmt: skip
+    operator = Operator(kubeconfig, folder / "operator.log")
+    operator.start([sys.executable, "-m", "kopf", "run", "--standalone", "-A", "-m", "kuberl_operator.handlers"])
+    try:
+        yield Api(box["url"]), operator
+    finally:
+        operator.stop()
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+@pytest.fixture(autouse=True)
+def delete_jobs_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test's jobs are deleted after it, so the operator watches only the test at hand."""
+    yield
+    if "cluster" in request.fixturenames:
+        api = request.getfixturevalue("cluster")[0]
+        for job in api.items(RLJOBS):
+            api.delete(f"{RLJOBS}/{job['metadata']['name']}")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) -> Any:
+    """Poll until `check` returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def create_job(api: Api, name: str, **spec: Any) -> None:
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
+        # kmock assigns neither uid nor resourceVersion; kopf's finalizer patch and owner references need them
+        "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "resourceVersion": "1"},
+        "spec": {"model": {"uri": "s3://models/tiny"}, "checkpoint": {"uri": "s3://ckpt/jobs"},
+                 "learner": {"replicas": 2}, "rollout": {"replicas": 2}, **spec},
+    }  # fmt: skip
+    api.post(RLJOBS, manifest)
+
+
+def status(api: Api, name: str) -> dict[str, Any]:
+    return (api.get(f"{RLJOBS}/{name}") or {}).get("status") or {}
+
+
+def wait_phase(api: Api, name: str, phase: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    try:
+        return wait_for(f"{name} {phase}", lambda: (s := status(api, name)).get("phase") == phase and s, timeout)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; status: {status(api, name)}") from None
+
+
+def start_pods(api: Api, job: str, tier: str, count: int, first: int = 0) -> list[str]:
+    """Ready pods of a tier, as the StatefulSet controller and the kubelet would make them; returns uids."""
+    uids = []
+    for i in range(first, first + count):
+        uid = str(uuid.uuid4())
+        api.post(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{job}-{tier}-{i}", "namespace": NS, "uid": uid,
+                         "labels": {"kuberl.io/job": job, "kuberl.io/tier": tier}},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        })  # fmt: skip
+        uids.append(uid)
+    return uids
+
+
+def start_all(api: Api, job: str) -> dict[str, list[str]]:
+    return {tier: start_pods(api, job, tier, n) for tier, n in (("learner", 2), ("rollout", 2), ("sandbox", 1))}
+
+
+def pod_uids(api: Api, job: str, tier: str) -> list[str]:
+    return sorted(p["metadata"]["uid"] for p in api.items(PODS) if p["metadata"]["labels"].get("kuberl.io/job") == job
+                  and p["metadata"]["labels"].get("kuberl.io/tier") == tier)  # fmt: skip
+
+
+def children(api: Api, job: str) -> list[dict[str, Any] | None]:
+    return [api.get(f"{path}/{job}-{suffix}") for path, suffix in CHILDREN]
+
+
+def replicas(api: Api, job: str) -> dict[str, int]:
+    sets = {tier: api.get(f"{STATEFULSETS}/{job}-{tier}") for tier in ("learner", "rollout")}
+    return {tier: s["spec"]["replicas"] for tier, s in sets.items() if s}
+
+
+def event_reasons(api: Api, job: str) -> list[str]:
+    events = api.items(f"/api/v1/namespaces/{NS}/events")
+    return [e.get("reason") for e in events if (e.get("involvedObject") or {}).get("name") == job]
+
+
+def test_job_runs_recovers_from_a_learner_failure_and_replaces_rollout_pods(cluster):
+    api, _ = cluster
+    create_job(api, "train", limits={"retryBudget": 3})
+    wait_for("every child", lambda: all(children(api, "train")))
+    wait_phase(api, "train", "Initializing")
+    assert replicas(api, "train") == {"learner": 2, "rollout": 2}
+
+    pods = start_all(api, "train")
+    api.patch(
+        f"{RLJOBS}/train/status",
+        {
+            "status": {
+                "step": 5,
+                "policyVersion": 5,
+                "lastCheckpoint": {"step": 4, "uri": "s3://ckpt/jobs/train/step-4"},
+            }
+        },
+    )  # fmt: skip  (what the learner reports)
+    running = wait_phase(api, "train", "Running")
+    assert running["step"] == 5 and running["readyWorkers"] == {"learner": 2, "rollout": 2, "sandbox": 1}
+    assert running["startTime"]
+
+    # a learner rank fails: the whole gang restarts from the newest checkpoint, and the restart counts
+    api.patch(f"{PODS}/train-learner-1", {"status": {"phase": "Failed"}})
+    recovering = wait_phase(api, "train", "Recovering")
+    assert recovering["reason"] == "WorkerLost" and recovering["restarts"]["learner"] == 1
+    assert "checkpoint step 4 (s3://ckpt/jobs/train/step-4)" in recovering["message"]
+    wait_for("learner gang deleted", lambda: not pod_uids(api, "train", "learner"))
+    assert pod_uids(api, "train", "rollout") == sorted(pods["rollout"])
+    start_pods(api, "train", "learner", 2)
+    wait_phase(api, "train", "Running")
+
+    # a rollout pod fails: only it is replaced, the learner keeps training
+    learners = pod_uids(api, "train", "learner")
+    api.patch(f"{PODS}/train-rollout-1", {"status": {"phase": "Failed"}})
+    wait_for("rollout restart counted", lambda: status(api, "train")["restarts"].get("rollout") == 1)
+    wait_for("failed rollout pod deleted", lambda: api.get(f"{PODS}/train-rollout-1") is None)
+    assert api.get(f"{PODS}/train-rollout-0")["metadata"]["uid"] == pods["rollout"][0]
+    assert pod_uids(api, "train", "learner") == learners
+    assert status(api, "train")["phase"] == "Running"
+    start_pods(api, "train", "rollout", 1, first=1)  # the StatefulSet controller's replacement
+
+    # a spot preemption of a learner pod restarts the gang but spends no retry budget
+    api.patch(f"{PODS}/train-learner-0", {"status": {"conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}})  # fmt: skip
+    preempted = wait_phase(api, "train", "Recovering")
+    assert preempted["reason"] == "Preempted" and preempted["preemptions"] == 1
+    assert preempted["restarts"]["learner"] == 1
+    wait_for("learner gang deleted", lambda: not pod_uids(api, "train", "learner"))
+    start_pods(api, "train", "learner", 2)
+    wait_phase(api, "train", "Running")
+    wait_for("transition events", lambda: {"CreatingWorkers", "Training", "WorkerLost", "WorkerReplaced",
+                                           "Preempted"} <= set(event_reasons(api, "train")))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "limits", "step", "reason"),
+    [("steps", {"maxSteps": 20}, 20, "MaxStepsReached"), ("clock", {"maxWallClock": "2s"}, 1, "MaxWallClockReached")],
+)
+def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limits, step, reason):
+    api, _ = cluster
+    create_job(api, name, training={"totalSteps": 20}, limits=limits)
+    wait_phase(api, name, "Initializing")
+    start_all(api, name)
+    api.patch(f"{RLJOBS}/{name}/status", {"status": {"step": step}})
+    stopped = wait_phase(api, name, "Stopped")
+    assert stopped["reason"] == reason and stopped["completionTime"]
+    wait_for("tiers scaled to zero", lambda: replicas(api, name) == {"learner": 0, "rollout": 0})
+    sandbox = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}-sandbox"
+    wait_for("sandbox scaled to zero", lambda: api.get(sandbox)["spec"]["replicas"] == 0)
+
+
+def test_invalid_spec_fails_with_a_message(cluster):
+    api, _ = cluster
+    create_job(api, "invalid", learner={"replicas": 0})
+    failed = wait_phase(api, "invalid", "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "spec.learner.replicas" in failed["message"]
+    assert api.get(f"{STATEFULSETS}/invalid-learner") is None
+
+
+def test_safe_spec_changes_apply_and_unsafe_ones_are_refused(cluster):
+    api, _ = cluster
+    create_job(api, "change")
+    wait_phase(api, "change", "Initializing")
+    api.patch(f"{RLJOBS}/change", {"spec": {"rollout": {"replicas": 3}}})
+    wait_for("rollout scaled to 3", lambda: replicas(api, "change").get("rollout") == 3)
+    config = api.get(f"{CONFIGMAPS}/change-config")["data"]["job.yaml"]
+    api.patch(f"{RLJOBS}/change", {"spec": {"model": {"uri": "s3://models/other"}, "rollout": {"replicas": 1}}})
+    refused = wait_for("refusal condition", lambda: next((c for c in status(api, "change").get("conditions", [])
+                       if c["type"] == "SpecChangeRefused" and c["status"] == "True"), None))  # fmt: skip
+    assert "spec.model" in refused["message"]
+    assert api.get(f"{CONFIGMAPS}/change-config")["data"]["job.yaml"] == config
+    assert replicas(api, "change")["rollout"] == 3
+
+
+def test_deletion_cleans_up_every_child(cluster):
+    api, _ = cluster
+    create_job(api, "gone")
+    wait_for("every child", lambda: all(children(api, "gone")))
+    start_all(api, "gone")
+    wait_phase(api, "gone", "Running")
+    api.delete(f"{RLJOBS}/gone")
+    wait_for("children deleted", lambda: not any(children(api, "gone")))
+    wait_for("pods deleted", lambda: not any(pod_uids(api, "gone", t) for t in ("learner", "rollout", "sandbox")))
+    wait_for("job deleted (finalizer released)", lambda: api.get(f"{RLJOBS}/gone") is None)
+
+
+def test_operator_killed_mid_way_converges_without_duplicates(cluster):
+    api, operator = cluster
+    create_job(api, "restart")
+    wait_for("every child", lambda: all(children(api, "restart")))
+    start_all(api, "restart")
+    before = wait_phase(api, "restart", "Running")
+    uids = [c["metadata"]["uid"] for c in children(api, "restart")]
+    token = api.get(f"{SECRETS}/restart-sandbox-token")
+    operator.stop()
+    api.patch(f"{PODS}/restart-learner-0", {"status": {"phase": "Failed"}})  # a failure while it is down
+    operator.start([sys.executable, "-m", "kuberl.cli", "operator"])
+    recovering = wait_phase(api, "restart", "Recovering")
+    assert recovering["restarts"]["learner"] == before.get("restarts", {}).get("learner", 0) + 1
+    start_pods(api, "restart", "learner", 2)
+    wait_phase(api, "restart", "Running")
+    assert [c["metadata"]["uid"] for c in children(api, "restart")] == uids
+    assert api.get(f"{SECRETS}/restart-sandbox-token") == token
+    names = [p["metadata"]["name"] for p in api.items(PODS) if p["metadata"]["labels"]["kuberl.io/job"] == "restart"]
+    assert len(names) == len(set(names)) == 5
