@@ -1,0 +1,82 @@
+"""What the operator reads back from pods and the learner, and how it decides what to (re)apply."""
+
+from __future__ import annotations
+
+from kuberl.api.rljob import RLJob
+from kuberl.api.spec import RLJobSpec
+from kuberl.api.status import Reason
+from kuberl_operator.apply import applied_spec, contains, unsafe_changes
+from kuberl_operator.job_config import build_config_map
+from kuberl_operator.lifecycle import LearnerStop, TierState
+from kuberl_operator.observe import desired_replicas, gpus_in_use, learner_stop, tier_states
+
+
+def pod(name: str, tier: str, phase: str = "Running", ready: bool = True, gpus: int = 0, **extra) -> dict:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}, *extra.pop("conditions", [])]
+    return {
+        "metadata": {"name": name, "labels": {"kuberl.io/tier": tier}, **extra},
+        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}}]},
+        "status": {"phase": phase, "conditions": conditions},
+    }
+
+
+DESIRED = {"learner": 2, "rollout": 2, "sandbox": 1}
+
+
+def test_tier_states_count_ready_failed_and_disrupted_pods():
+    pods = [
+        pod("j-learner-0", "learner"),
+        pod("j-learner-1", "learner", phase="Failed", ready=False),
+        pod("j-rollout-0", "rollout", conditions=[{"type": "DisruptionTarget", "status": "True"}]),
+        pod("j-rollout-1", "rollout", ready=False),
+        pod("j-sandbox-x", "sandbox"),
+        pod("j-rollout-2", "rollout", phase="Failed", deletionTimestamp="2026-01-01T00:00:00Z"),  # being replaced
+        pod("other", "unrelated"),
+    ]
+    assert tier_states(pods, DESIRED) == {
+        "learner": TierState(2, 1, ("j-learner-1",), ()),
+        "rollout": TierState(2, 0, (), ("j-rollout-0",)),
+        "sandbox": TierState(1, 1, (), ()),
+    }
+
+
+def test_gpus_in_use_counts_running_pods_only():
+    pods = [pod("a", "learner", gpus=1), pod("b", "rollout", gpus=2), pod("c", "rollout", phase="Pending", gpus=4)]
+    assert gpus_in_use(pods) == 3.0
+
+
+def test_desired_replicas_follow_the_spec_or_zero():
+    job = RLJob.model_validate({"metadata": {"name": "j"}, "spec": {"rollout": {"replicas": 3}}})
+    assert desired_replicas(job, scaled_down=False) == {"learner": 1, "rollout": 3, "sandbox": 1}
+    assert desired_replicas(job, scaled_down=True) == {"learner": 0, "rollout": 0, "sandbox": 0}
+
+
+def test_learner_stop_comes_from_its_condition():
+    condition = {"type": "LearnerStopped", "status": "True", "reason": "NonFiniteLoss", "message": "3 in a row"}
+    assert learner_stop({"conditions": [condition]}) == LearnerStop(Reason.NON_FINITE_LOSS, "3 in a row")
+    assert learner_stop({"conditions": [{**condition, "reason": "Whatever"}]}) is None
+    assert learner_stop({"conditions": [{**condition, "status": "False"}]}) is None
+    assert learner_stop({}) is None
+
+
+def test_contains_ignores_server_fields_but_not_changed_ones():
+    desired = {"spec": {"replicas": 2, "ports": [{"port": 80}]}, "metadata": {"name": "a"}}
+    existing = {"spec": {"replicas": 2, "ports": [{"port": 80, "protocol": "TCP"}]},
+                "metadata": {"name": "a", "uid": "u", "resourceVersion": "7"}}  # fmt: skip
+    assert contains(existing, desired)
+    assert not contains(existing, {**desired, "spec": {"replicas": 0, "ports": [{"port": 80}]}})
+    assert not contains(existing, {**desired, "spec": {"replicas": 2, "ports": [{"port": 80}, {"port": 81}]}})
+
+
+def test_model_and_algorithm_changes_are_unsafe_replicas_and_limits_are_not():
+    base = RLJobSpec()
+    safe = RLJobSpec.model_validate({"rollout": {"replicas": 4}, "limits": {"maxWallClock": "1h"}})
+    unsafe = RLJobSpec.model_validate({"model": {"uri": "s3://models/other"}, "algorithm": {"groupSize": 4}})
+    assert unsafe_changes(base, safe) == []
+    assert unsafe_changes(base, unsafe) == ["spec.model", "spec.algorithm"]
+
+
+def test_applied_spec_reads_back_the_config_map():
+    job = RLJob.model_validate({"metadata": {"name": "j"}, "spec": {"rollout": {"replicas": 3}}})
+    assert applied_spec(build_config_map(job, "ns", None)) == job.spec
+    assert applied_spec(None) is None
