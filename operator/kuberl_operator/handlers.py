@@ -31,10 +31,12 @@ _kube: Kube | None = None
 # kopf runs a job's timer and its event handlers concurrently; both read the phase and write children, so
 # one job's work is serialised (a scale-down must not be overwritten by an apply that read the phase before).
 _job_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_job_locks_guard = threading.Lock()  # two first uses of a job in two threads must not make two locks
 
 
 def _lock(body: kopf.Body) -> threading.Lock:
-    return _job_locks[body["metadata"]["namespace"], body["metadata"]["name"]]
+    with _job_locks_guard:
+        return _job_locks[body["metadata"]["namespace"], body["metadata"]["name"]]
 
 
 def kube() -> Kube:
@@ -105,7 +107,8 @@ def delete(body: kopf.Body, retry: int, logger: kopf.Logger, **_: Any) -> None:
     try:
         with _lock(body):
             gone = reconcile.clean_up(kube(), dict(body))
-        _job_locks.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+        with _job_locks_guard:
+            _job_locks.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
     except ValidationError:
         return  # never applied: nothing to clean up
     except Exception as err:
