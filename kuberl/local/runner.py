@@ -110,7 +110,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
                 supervisor.start(s.name)
         for s in specs:
             if s.tier == "rollout":
-                out.message(f"starting {s.name} (vLLM; about half a minute on CPU)")
+                out.message(f"starting {s.name} (vLLM; about 20 seconds on CPU)")
                 supervisor.start(s.name)
         urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
         if evaluate is not None and "before RL" not in record.evaluations:
