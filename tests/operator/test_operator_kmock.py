@@ -47,7 +47,7 @@ CHILDREN = [  # (collection, name suffix) of every object the operator applies
     (STATEFULSETS, "learner"),
     (SECRETS, "sandbox-token"),
 ]
-TIMEOUT_S = 30.0  # generous: the 2 CPU cores may be shared with other work
+TIMEOUT_S = 45.0  # generous: the 2 CPU cores may be shared with other work
 
 
 class Api:
@@ -148,6 +148,8 @@ def delete_jobs_after(request: pytest.FixtureRequest) -> Iterator[None]:
         api = request.getfixturevalue("cluster")[0]
         for job in api.items(RLJOBS):
             api.delete(f"{RLJOBS}/{job['metadata']['name']}")
+        # the next test starts on an idle operator: less contention, steadier timings
+        wait_for("jobs deleted", lambda: not api.items(RLJOBS))
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) -> Any:
