@@ -156,9 +156,10 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
         from kuberl.modeling.copy_pretraining import DEFAULT_CURRICULUM, pretrain_copying
 
         def progress(stage: int, step: int, loss: float, accuracy: float) -> None:
-            if step % 100 == 0 or step == DEFAULT_CURRICULUM[stage].steps:
-                click.echo(f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/"
-                           f"{DEFAULT_CURRICULUM[stage].steps}, loss {loss:.3f}, copy accuracy {accuracy:.2f}")  # fmt: skip
+            steps = DEFAULT_CURRICULUM[stage].steps
+            if step % 100 == 0 or step == steps:
+                click.echo(f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/{steps}, "
+                           f"loss {loss:.3f}, copy accuracy {accuracy:.2f}")  # fmt: skip
 
         accuracies = pretrain_copying(folder, seed=seed, on_progress=progress)
         click.echo(f"copy pretraining: done, copy accuracy {accuracies[-1]:.2f}")
