@@ -11,6 +11,7 @@ from kuberl_operator.pod import JOB_FILE, RUN_DIR, env_list, resources, runtime_
 from kuberl_operator.rbac import service_account_name
 from kuberl_operator.rollout import rollout_urls
 from kuberl_operator.security import restricted_container_security_context, restricted_pod_security_context
+from kuberl_trainer.cluster_status import JOB_NAME_ENV, NAMESPACE_ENV
 
 RENDEZVOUS_PORT = 29400  # torchrun's c10d default
 METRICS_PORT = 9400  # rank 0's Prometheus metrics (`kuberl learner --metrics-port`)
@@ -82,6 +83,9 @@ def learner_env(job: RLJob) -> list[dict[str, Any]]:
     the failure and restarts the gang; loopback and docker bridges are never the route between pods."""
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # which RLJob the learner reports into (kuberl_trainer.cluster_status)
+        {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        *env_list({JOB_NAME_ENV: job.name}),
         *env_list({"NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}),
         *runtime_env(),
         *storage_env(job),

@@ -12,11 +12,11 @@ from kuberl.api.status import Reason
 from kuberl_operator.desired import GPU
 from kuberl_operator.lifecycle import TIERS, LearnerStop, TierState
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, TIER_LABEL
+from kuberl_trainer.cluster_status import LEARNER_STOPPED
 
-# The learner reports that it stopped itself (a breaker, or training done) with this condition on the
-# RLJob status, reason = a kuberl.api.status.Reason; the fields it owns (step, policyVersion,
-# lastCheckpoint, rewardMean, ...) it writes directly.
-LEARNER_STOPPED = "LearnerStopped"
+# The learner reports that it stopped itself (a breaker, or training done) with the LEARNER_STOPPED condition
+# on the RLJob status, reason = a kuberl.api.status.Reason; the fields it owns (step, policyVersion,
+# lastCheckpoint, rewardMean, ...) it writes directly (kuberl_trainer.cluster_status, the writer).
 
 
 def desired_replicas(job: RLJob, scaled_down: bool) -> dict[str, int]:

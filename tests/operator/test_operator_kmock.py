@@ -349,3 +349,29 @@ def test_operator_killed_mid_way_converges_without_duplicates(cluster):
     assert api.get(f"{SECRETS}/restart-sandbox-token") == token
     names = [p["metadata"]["name"] for p in api.items(PODS) if p["metadata"]["labels"]["kuberl.io/job"] == "restart"]
     assert len(names) == len(set(names)) == 5
+
+
+def test_the_learners_own_report_drives_the_job(cluster):
+    """The learner's writer (kuberl_trainer.cluster_status) against the operator's reader, through the API."""
+    from kubernetes import config as kube_config
+
+    from kuberl.api.status import Phase, Reason, RLJobStatus
+    from kuberl_operator.kube import Kube
+    from kuberl_trainer.cluster_status import ClusterStatus
+
+    api, operator = cluster
+    create_job(api, "report")
+    wait_phase(api, "report", "Initializing")
+    start_all(api, "report")
+    learner = ClusterStatus(Kube(kube_config.new_client_from_config(str(operator.kubeconfig))), NS, "report")
+    learner.report(RLJobStatus(step=3, policy_version=3, reward_mean=0.25, staleness=0.5), force=True)
+    running = wait_phase(api, "report", "Running")
+    assert (running["step"], running["policyVersion"], running["rewardMean"]) == (3, 3, 0.25)
+
+    final = RLJobStatus(phase=Phase.STOPPED, reason=Reason.NON_FINITE_LOSS, message="3 non-finite losses in a row",
+                        step=4, policy_version=4)  # fmt: skip
+    learner.stopped(final)
+    stopped = wait_for("the stop acted on", lambda: (s := status(api, "report"))["reason"] == "NonFiniteLoss" and s)
+    assert stopped["phase"] in ("Stopped", "Failed") and "3 non-finite losses" in stopped["message"]
+    conditions = {c["type"]: c for c in stopped["conditions"]}
+    assert conditions["LearnerStopped"]["reason"] == "NonFiniteLoss" and "Ready" in conditions  # both writers' kept

@@ -29,6 +29,7 @@ from kuberl_trainer.batching import collate, group_advantages, shard, uses_value
 from kuberl_trainer.breakers import Progress, Stop, stop_for
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
+from kuberl_trainer.cluster_status import ClusterStatus
 from kuberl_trainer.distributed import broadcast_object, init_distributed
 from kuberl_trainer.export import export_policy, policy_blob
 from kuberl_trainer.learner_metrics import PHASES, LearnerMetrics, StatusFile
@@ -178,7 +179,7 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
             complete = checkpointer.last_complete
             driver.status.checkpoint(complete.step, store.uri, complete.time)
         assert stop is not None
-        driver.status.update(phase=stop.phase, reason=stop.reason, message=stop.message, step=state.step,
+        driver.status.finish(phase=stop.phase, reason=stop.reason, message=stop.message, step=state.step,
                              policy_version=state.policy_version)  # fmt: skip
         log({"stopped": str(stop.reason or "signal"), "phase": str(stop.phase), "message": stop.message,
              "step": state.step, "policy": str(exported)})  # fmt: skip
@@ -204,7 +205,7 @@ def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingSta
     metrics = LearnerMetrics()
     if metrics_port is not None:
         metrics.serve(metrics_port)
-    status = StatusFile(run_dir / "status.json")
+    status = StatusFile(run_dir / "status.json", ClusterStatus.from_environment())
     status.update(step=state.step, policy_version=state.policy_version)
     return Driver(feed, publisher, client, metrics, status)
 

@@ -66,12 +66,25 @@ class LearnerMetrics:
 class StatusFile:
     """The learner's report, rewritten atomically (a reader never sees half a file)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, cluster=None) -> None:
         self.path = path
+        self.cluster = cluster  # a cluster_status.ClusterStatus in a pod: the same report into the RLJob status
         self.status = RLJobStatus(phase=Phase.RUNNING, reason=Reason.TRAINING, start_time=_now())
 
-    def update(self, **fields) -> None:
+    def update(self, force: bool = False, **fields) -> None:
         self.status = self.status.model_copy(update=fields)
+        self._write()
+        if self.cluster is not None:
+            self.cluster.report(self.status, force=force)
+
+    def finish(self, **fields) -> None:
+        """The last update: the learner stopped (phase, reason, message say why)."""
+        self.status = self.status.model_copy(update=fields)
+        self._write()
+        if self.cluster is not None:
+            self.cluster.stopped(self.status)
+
+    def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = self.status.model_dump_json(by_alias=True, exclude_none=True, indent=2)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".status-")
@@ -80,7 +93,8 @@ class StatusFile:
         os.replace(tmp, self.path)
 
     def checkpoint(self, step: int, uri: str, written_at: float) -> None:
-        self.update(last_checkpoint=CheckpointRef(step=step, uri=uri, time=datetime.fromtimestamp(written_at, UTC)))
+        ref = CheckpointRef(step=step, uri=uri, time=datetime.fromtimestamp(written_at, UTC))
+        self.update(force=True, last_checkpoint=ref)  # the operator resumes a restarted gang from it
 
 
 def _now() -> datetime:
