@@ -36,7 +36,7 @@ class SlowStepStore(CheckpointStore):
         super().__init__(uri, endpoint_url=endpoint)
         self.slow_step, self.marker = slow_step, marker
 
-    def save(self, step, policy_version, folder):
+    def upload(self, step, folder):
         if step == self.slow_step:
             put = self.backend.put
 
@@ -46,7 +46,7 @@ class SlowStepStore(CheckpointStore):
                 time.sleep(30)
 
             self.backend.put = slow_put  # type: ignore[method-assign]
-        return super().save(step, policy_version, folder)
+        return super().upload(step, folder)
 
 
 def main(model_dir: str, uri: str, steps: int, every: int, out: str) -> None:
@@ -56,7 +56,8 @@ def main(model_dir: str, uri: str, steps: int, every: int, out: str) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     slow = int(os.environ.get("SLOW_STEP", "-1"))
     store = SlowStepStore(uri, os.environ.get("S3_ENDPOINT"), slow, Path(out + ".uploading"))
-    checkpointer = Checkpointer(store, Path(out + ".staging"), keep=3, rank=rank)
+    # STAGING: a folder of this "machine" (the multi-machine test gives each torchrun its own)
+    checkpointer = Checkpointer(store, Path(os.environ.get("STAGING", out + ".staging")), keep=3, rank=rank)
     state = checkpointer.restore(model, optimizer)
     start = state.step if state else 0
     for step in range(start, steps):

@@ -166,11 +166,20 @@ class CheckpointStore:
 
     def save(self, step: int, policy_version: int, folder: Path) -> Manifest:
         """Upload every file of `folder` under the step's prefix, then the manifest."""
+        return self.commit(step, policy_version, self.upload(step, folder))
+
+    def upload(self, step: int, folder: Path) -> dict[str, dict[str, object]]:
+        """Upload every file of `folder` under the step's prefix; returns their manifest entries. On several
+        machines each uploads its own shards, then one commits the union of the entries."""
         files: dict[str, dict[str, object]] = {}
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             name = str(path.relative_to(folder))
             self._guard(lambda n=name, p=path: self.backend.put(f"{self.directory(step)}/{n}", p))
             files[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        return files
+
+    def commit(self, step: int, policy_version: int, files: dict[str, dict[str, object]]) -> Manifest:
+        """Write the manifest that makes the step's uploaded files a complete checkpoint."""
         manifest = Manifest(step, policy_version, time.time(), files)
         self._guard(lambda: self.backend.write(f"{self.directory(step)}/{MANIFEST}", manifest.to_json().encode()))
         return manifest

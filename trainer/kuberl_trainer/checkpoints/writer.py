@@ -59,6 +59,9 @@ class Checkpointer:
 
     def __init__(self, store: CheckpointStore, staging: Path, keep: int, rank: int = 0) -> None:
         self.store, self.staging, self.keep, self.rank = store, staging, keep, rank
+        # the ranks of one machine share its staging folder; the first of each machine prepares, uploads and
+        # downloads it (in a cluster every learner pod is its own machine, with its own shards)
+        self.machine_leader = int(os.environ.get("LOCAL_RANK", "0")) == 0
         self._upload: threading.Thread | None = None
         self._dcp_future: Future | None = None
         self.blocked_seconds: list[float] = []
@@ -77,12 +80,11 @@ class Checkpointer:
         self.wait()  # one checkpoint in flight at a time
         started = time.monotonic()
         folder = self.staging / CheckpointStore.directory(state.step)
-        if self.rank == 0:  # the ranks of one machine share the staging folder: one of them prepares it
+        if self.machine_leader:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
         if dist.is_initialized():
             dist.barrier(group=self._group)
-        folder.mkdir(parents=True, exist_ok=True)  # ranks on other machines
         model_state, optim_state = get_state_dict(model, optimizer)
         response = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
                                   process_group=self._group, async_stager=self._stager)  # fmt: skip
@@ -111,12 +113,19 @@ class Checkpointer:
             assert self._dcp_future is not None
             self._dcp_future.result()
             if dist.is_initialized():
-                # every rank's shards are on the shared staging folder before rank 0 uploads
+                # every rank's shards are in its machine's staging folder before that machine uploads them
                 dist.barrier(group=self._group)
-            if self.rank == 0:  # the uploader removes the staged folder once it is stored
-                self.last_complete = self.store.save(state.step, state.policy_version, folder)
-                self.store.prune(self.keep)
+            files = self.store.upload(state.step, folder) if self.machine_leader else {}
+            if dist.is_initialized():
+                # rank 0 writes the manifest only once every machine's shards are stored, listing them all
+                every: list[dict | None] = [None] * dist.get_world_size(self._group)
+                dist.all_gather_object(every, files, group=self._group)
+                files = {name: entry for part in every if part for name, entry in part.items()}
+            if self.machine_leader:
                 shutil.rmtree(folder, ignore_errors=True)
+            if self.rank == 0:
+                self.last_complete = self.store.commit(state.step, state.policy_version, files)
+                self.store.prune(self.keep)
         except BaseException as err:  # reported to the training loop by wait()
             self.error = err
 
@@ -136,7 +145,7 @@ class Checkpointer:
         if manifest is None:
             return None
         folder = self.staging / f"restore-{manifest.step}"
-        if self.rank == 0 or not dist.is_initialized():
+        if self.machine_leader or not dist.is_initialized():
             shutil.rmtree(folder, ignore_errors=True)
             self.store.download(manifest, folder)
         if dist.is_initialized():
@@ -154,5 +163,5 @@ class Checkpointer:
 
 
 def staging_folder(job: str) -> Path:
-    """Local staging for checkpoint shards (shared by the ranks of one machine)."""
+    """Local staging for checkpoint shards (shared by the ranks of one machine, see Checkpointer)."""
     return Path(os.environ.get("KUBERL_STAGING", f"/tmp/kuberl-staging-{job}"))
