@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -158,3 +159,35 @@ def test_sigterm_stops_with_a_final_checkpoint_and_a_restart_resumes_from_it(ser
     assert lines(tmp_path / "run")[-1]["step"] == stopped_at + 1  # resumed, not restarted from 0
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["reason"] == "Completed" and status["policyVersion"] == served(url)
+
+
+def worker_pid(torchrun_pid: int, rank: int) -> int | None:
+    """The pid of torchrun's worker with RANK=rank (from /proc), or None while it is not started."""
+    children = " ".join(p.read_text() for p in Path(f"/proc/{torchrun_pid}/task").glob("*/children"))
+    for child in children.split():
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return int(child)
+    return None
+
+
+def test_sigterm_to_one_rank_stops_the_whole_gang_with_a_final_checkpoint(servers, tmp_path):
+    # a node drain or a preemption signals one learner pod, not necessarily rank 0's
+    model, url, env = servers
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(model, tmp_path / "ckpts", training={"totalSteps": 50})))
+    argv = learner_argv(tmp_path / "job.yaml", url, tmp_path / "run", ranks=2)
+    learner = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not lines(tmp_path / "run") and time.monotonic() < deadline and learner.poll() is None:
+        time.sleep(0.2)
+    rank1 = worker_pid(learner.pid, 1)
+    assert rank1 is not None
+    os.kill(rank1, signal.SIGTERM)
+    _, err = learner.communicate(timeout=300)
+    assert learner.returncode == 0, failure(err)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["phase"] == "Stopped" and "signal" in status["message"] and status["step"] < 50
+    assert [m.step for m in CheckpointStore(str(tmp_path / "ckpts")).complete()][-1] == status["step"]

@@ -28,7 +28,9 @@ def all_reduce_sums(values: list[float]) -> list[float]:
     """Elementwise sums of `values` over ranks, in one collective (themselves when not distributed)."""
     if not dist.is_initialized():
         return list(values)
-    tensor = torch.tensor(values, dtype=torch.float64)
+    # NCCL reduces only tensors on the GPU; gloo only on the CPU
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
 

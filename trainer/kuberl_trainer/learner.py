@@ -30,7 +30,7 @@ from kuberl_trainer.breakers import Progress, Stop, stop_for
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
 from kuberl_trainer.cluster_status import ClusterStatus
-from kuberl_trainer.distributed import broadcast_object, init_distributed
+from kuberl_trainer.distributed import all_reduce_sums, broadcast_object, init_distributed
 from kuberl_trainer.export import export_policy, policy_blob
 from kuberl_trainer.learner_metrics import PHASES, LearnerMetrics, StatusFile
 from kuberl_trainer.policy import load_policy
@@ -110,9 +110,11 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
     last_mismatch = 0.0
     stop: Stop | None = None
     while True:
+        # a SIGTERM to any rank's pod (a node drain, a preemption) stops the whole gang with a final checkpoint
+        signalled = all_reduce_sums([float(stop_signal.requested)])[0] > 0
         if rank == 0:
             progress = Progress(state.step, time.time() - started_at, consecutive_skipped, last_mismatch)
-            stop = stop_for(spec, progress) or (_signalled() if stop_signal.requested else None)
+            stop = stop_for(spec, progress) or (_signalled() if signalled else None)
         stop = broadcast_object(stop)
         if stop is not None:
             break
