@@ -14,8 +14,9 @@ teaches no answers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -36,6 +37,7 @@ DEFAULT_CURRICULUM = (
     CopyStage(steps=300, vocabulary=None, min_length=32, max_length=300, learning_rate=1e-3),
 )
 BATCH_SIZE = {0: 32, 1: 16}
+RECORD = "copy_pretraining.json"
 WARMUP_STEPS = 50
 
 
@@ -102,4 +104,6 @@ def pretrain_copying(
                     on_progress(index, step, loss.item(), accuracy)
         accuracies.append(accuracy)
     model.save_pretrained(path, safe_serialization=True)
+    # a record beside the weights: `make demo` rebuilds a model that lacks it (one built before this stage)
+    (path / RECORD).write_text(json.dumps({"curriculum": [asdict(s) for s in curriculum], "accuracies": accuracies}))
     return accuracies

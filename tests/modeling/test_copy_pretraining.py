@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from kuberl.modeling.copy_pretraining import CopyStage, copy_accuracy, copy_batch, pretrain_copying
+from kuberl.modeling.copy_pretraining import RECORD, CopyStage, copy_accuracy, copy_batch, pretrain_copying
 from kuberl.modeling.tiny import build_tiny_model
 
 
@@ -28,3 +30,4 @@ def test_a_short_curriculum_teaches_a_random_model_to_copy(tmp_path):
     after = copy_accuracy(model(), probe, 24)  # sequences it never trained on
     assert before < 0.1 and after > 0.8 and accuracies[0] > 0.9, (before, after, accuracies)
     assert seen[-1][:2] == (0, 800)
+    assert json.loads((path / RECORD).read_text())["accuracies"] == accuracies
