@@ -7,23 +7,16 @@ One emulator and one operator serve every test; each test has its own job.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kmock
 import pytest
+
+from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 
 NS = "default"
 RLJOBS = f"/apis/kuberl.io/v1alpha1/namespaces/{NS}/rljobs"
@@ -50,94 +43,23 @@ CHILDREN = [  # (collection, name suffix) of every object the operator applies
 TIMEOUT_S = 45.0  # generous: the 2 CPU cores may be shared with other work
 
 
-class Api:
-    """Plain HTTP to the emulator."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-
-    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data, {"Content-Type": content_type}, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as err:
-            if err.code == 404:
-                return None
-            raise
-
-    def get(self, path: str) -> Any:
-        return self.call("GET", path)
-
-    def items(self, path: str) -> list[dict[str, Any]]:
-        return (self.get(path) or {}).get("items") or []
-
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self.call("POST", path, body)
-
-    def patch(self, path: str, body: dict[str, Any]) -> Any:
-        return self.call("PATCH", path, body, "application/merge-patch+json")
-
-    def delete(self, path: str) -> Any:
-        return self.call("DELETE", path)
-
-
-def _serve_kmock(started: threading.Event, box: dict[str, Any]) -> None:
-    async def main() -> None:
-        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
-            emulator.resources.load_bundled()
-            # posting the CRD does not register a kind in kmock: register it directly
-            emulator.resources["kuberl.io/v1alpha1/rljobs"] = kmock.ResourceInfo(
-                kind="RLJob", namespaced=True, subresources={"status"},
-                verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
-            )  # fmt: skip
-            box["url"], box["stop"], box["loop"] = str(server.url), asyncio.Event(), asyncio.get_running_loop()
-            started.set()
-            await box["stop"].wait()
-
-    asyncio.run(main())
-
-
-class Operator:
-    """A `kopf run` subprocess, stopped by its pid."""
+class Operator(OperatorProcess):
+    """The operator with a short observation interval, so that the scenarios run in seconds."""
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
-        self.kubeconfig, self.log, self.process = kubeconfig, log, None
-
-    def start(self, command: list[str]) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBERL_OPERATOR_INTERVAL": "1",
-               "KUBERL_WATCH_SERVER_TIMEOUT": "60"}  # fmt: skip
-        self.process = subprocess.Popen(command, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)  # a crash, not a clean shutdown: the worst case
-            self.process.wait(10)
+        super().__init__(kubeconfig, log, {"KUBERL_OPERATOR_INTERVAL": "1", "KUBERL_WATCH_SERVER_TIMEOUT": "60"})
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Operator]]:
-    started, box = threading.Event(), {}
-    thread = threading.Thread(target=_serve_kmock, args=(started, box), daemon=True)
-    thread.start()
-    assert started.wait(10)
     folder = tmp_path_factory.mktemp("operator")
-    kubeconfig = folder / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": box["url"].rstrip("/")}}],
-        "users": [{"name": "kmock", "user": {"token": "test"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NS}}],
-    }))  # fmt: skip
-    operator = Operator(kubeconfig, folder / "operator.log")
-    operator.start([sys.executable, "-m", "kopf", "run", "--standalone", "-A", "-m", "kuberl_operator.handlers"])
-    try:
-        yield Api(box["url"]), operator
-    finally:
-        operator.stop()
-        box["loop"].call_soon_threadsafe(box["stop"].set)
-        thread.join(10)
+    with emulated_api_server() as url:
+        operator = Operator(write_kubeconfig(folder / "kubeconfig", url, NS), folder / "operator.log")
+        operator.start([sys.executable, *HANDLERS])
+        try:
+            yield Api(url), operator
+        finally:
+            operator.stop()
 
 
 @pytest.fixture(autouse=True)

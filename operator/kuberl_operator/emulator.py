@@ -1,0 +1,125 @@
+"""An emulated Kubernetes API server (kmock, from the `dev` extra) with the RLJob kind, for the operator's
+integration tests and its scale benchmark: no cluster is needed to run the real operator process against it.
+
+kmock 0.8's quirks shape what is here (see docs/operator.md): the custom resource is registered directly
+(posting the CRD does not register a kind), and the operator runs with `-A` (listing namespaces fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RLJOB_RESOURCE = "kuberl.io/v1alpha1/rljobs"
+HANDLERS = ["-m", "kopf", "run", "--standalone", "-A", "-m", "kuberl_operator.handlers"]
+
+
+class Api:
+    """Plain HTTP to the emulator: JSON in and out, None for 404."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data, {"Content-Type": content_type}, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return None
+            raise
+
+    def get(self, path: str) -> Any:
+        return self.call("GET", path)
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        return (self.get(path) or {}).get("items") or []
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self.call("POST", path, body)
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        return self.call("PATCH", path, body, "application/merge-patch+json")
+
+    def delete(self, path: str) -> Any:
+        return self.call("DELETE", path)
+
+
+@contextmanager
+def emulated_api_server() -> Iterator[str]:
+    """A kmock API server on 127.0.0.1 (in a thread of this process) that knows RLJobs; yields its URL."""
+    import kmock
+
+    started, box = threading.Event(), {}
+
+    async def serve() -> None:
+        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+            emulator.resources.load_bundled()
+            emulator.resources[RLJOB_RESOURCE] = kmock.ResourceInfo(
+                kind="RLJob", namespaced=True, subresources={"status"},
+                verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+            )  # fmt: skip
+            box["url"], box["stop"], box["loop"] = str(server.url), asyncio.Event(), asyncio.get_running_loop()
+            started.set()
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    if not started.wait(10):
+        raise RuntimeError("the emulated API server did not start within 10 s")
+    try:
+        yield box["url"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
+    """A kubeconfig for `url` (the emulator accepts any token)."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": url.rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": namespace}}],
+    }))  # fmt: skip
+    return path
+
+
+class OperatorProcess:
+    """The real operator (`kopf run` over kuberl_operator.handlers) as a subprocess, stopped by its pid."""
+
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.kubeconfig, self.log, self.env, self.process = kubeconfig, log, env or {}, None
+
+    def start(self, command: list[str]) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        self.process = subprocess.Popen(command, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+
+    def peak_rss_bytes(self) -> int | None:
+        """The process's peak resident memory (VmHWM), while it runs."""
+        if self.process is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)  # a crash, not a clean shutdown: the worst case
+            self.process.wait(10)
