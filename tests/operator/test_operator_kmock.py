@@ -7,6 +7,7 @@ One emulator and one operator serve every test; each test has its own job.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -70,8 +71,11 @@ def delete_jobs_after(request: pytest.FixtureRequest) -> Iterator[None]:
         api = request.getfixturevalue("cluster")[0]
         for job in api.items(RLJOBS):
             api.delete(f"{RLJOBS}/{job['metadata']['name']}")
-        # the next test starts on an idle operator: less contention, steadier timings
-        wait_for("jobs deleted", lambda: not api.items(RLJOBS))
+        # the next test starts on an idle operator: less contention, steadier timings. Only a courtesy (each
+        # test has its own job names, and deletion is asserted by its own test), so a slow machine does not fail
+        # here: after the operator-restart test the finalizers can take longer than the timeout
+        with contextlib.suppress(AssertionError):
+            wait_for("jobs deleted", lambda: not api.items(RLJOBS), timeout=2 * TIMEOUT_S)
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) -> Any:
