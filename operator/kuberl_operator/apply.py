@@ -50,18 +50,26 @@ def config_map_path(job: RLJob, namespace: str) -> str:
     return object_path(build_config_map(job, namespace, None))
 
 
-def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down: bool) -> list[str]:
+def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down: bool, new: bool = False) -> list[str]:
     """Create or patch every child; `scaled_down` renders every tier with zero replicas (suspended or
-    finished jobs). Returns 'Kind/name' of what was written."""
+    finished jobs). A `new` job's children are created without reading first (half the requests when a
+    thousand jobs arrive at once); any that exists already is then read and patched like the rest.
+    Returns 'Kind/name' of what was written."""
     if scaled_down:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     owner = owner_reference(job, uid)
     written = []
     secret = build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32))
-    if kube.get(object_path(secret)) is None:  # create once: re-applying must never rotate a token in use
+    # created once: re-applying must never rotate a token in use
+    if new and kube.create(_with_uid(secret), exist_ok=True) is not None:
+        written.append(f"Secret/{secret['metadata']['name']}")
+    elif not new and kube.get(object_path(secret)) is None:
         kube.create(_with_uid(secret))
         written.append(f"Secret/{secret['metadata']['name']}")
     for obj in desired_objects(job, namespace, owner=owner):
+        if new and kube.create(_with_uid(obj), exist_ok=True) is not None:
+            written.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            continue
         existing = kube.get(object_path(obj))
         if existing is None:
             kube.create(_with_uid(obj))

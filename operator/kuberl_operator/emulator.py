@@ -8,6 +8,7 @@ kmock 0.8's quirks shape what is here (see docs/operator.md): the custom resourc
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import signal
@@ -57,6 +58,52 @@ class Api:
         return self.call("DELETE", path)
 
 
+# The request being served in this asyncio task (aiohttp serves each request in its own task).
+_SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("kuberl_emulator_request")
+
+
+class _InFlightRequests(list):
+    """kmock keeps every request it has served and, to route a new one, scans that whole history once per
+    candidate reaction: serving n requests costs O(n²), minutes for a thousand jobs' worth. Routing only
+    needs the requests in flight, so that is all this keeps (tests assert through the API, not the log)."""
+
+    def append(self, request: Any) -> None:
+        super().append(request)
+        _SERVING.set(request)
+
+    def forget(self, request: Any) -> None:
+        for index, kept in enumerate(self):
+            if kept is request:  # by identity: two equal requests are still two requests
+                del self[index]
+                return
+
+
+def _emulator() -> Any:
+    import kmock
+
+    class Emulator(kmock.KubernetesEmulator):
+        """kmock with two costs a real API server does not have taken out: the request log (above), and a
+        scan of every stored object to serve one by name (a dict lookup here, same result)."""
+
+        def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
+            if strict and request.name is not None:
+                key = (request.resource, request.namespace, request.name)
+                return [self._objects[key]] if key in self._objects else []
+            return super()._KubernetesEmulator__get_objs(request, strict)
+
+        async def __call__(self, raw_request: Any) -> Any:
+            try:
+                return await super().__call__(raw_request)
+            finally:
+                request = _SERVING.get(None)
+                if request is not None:
+                    self._requests.forget(request)
+
+    emulator = Emulator()
+    emulator._requests = _InFlightRequests()
+    return emulator
+
+
 @contextmanager
 def emulated_api_server() -> Iterator[str]:
     """A kmock API server on 127.0.0.1 (in a thread of this process) that knows RLJobs; yields its URL."""
@@ -65,7 +112,7 @@ def emulated_api_server() -> Iterator[str]:
     started, box = threading.Event(), {}
 
     async def serve() -> None:
-        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+        async with _emulator() as emulator, kmock.Server(emulator) as server:
             emulator.resources.load_bundled()
             emulator.resources[RLJOB_RESOURCE] = kmock.ResourceInfo(
                 kind="RLJob", namespaced=True, subresources={"status"},

@@ -18,9 +18,11 @@ from pydantic import ValidationError
 
 from kuberl.api.status import TERMINAL_PHASES
 from kuberl.crd import GROUP, PLURAL, VERSION
+from kuberl_operator import observe as observe_pods
 from kuberl_operator import reconcile
 from kuberl_operator.kube import Kube
 from kuberl_operator.lifecycle import Event
+from kuberl_operator.meta import JOB_LABEL
 
 # Seconds between observations of a job; tests shorten it.
 INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_INTERVAL", "3"))
@@ -70,13 +72,29 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=reconcile.KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=reconcile.KOPF_PREFIX)
     settings.posting.level = logging.WARNING  # events come from the state machine, not from kopf's logs
+    # the handlers block on HTTP: with the default pool (cores + 4 threads) a burst of new jobs queues
+    settings.execution.max_workers = int(os.environ.get("KUBERL_OPERATOR_WORKERS", "32"))
     kube()
 
 
-@kopf.on.resume(*RLJOBS)
+@kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})
+def pods_by_job(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], Any]:
+    """Every job's pods, kept current by one watch: observing a thousand jobs then lists nothing."""
+    return {(namespace, labels[JOB_LABEL]): observe_pods.pod_summary(dict(body))}
+
+
 @kopf.on.create(*RLJOBS)
+def create(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    _apply(body, logger, new=True)
+
+
+@kopf.on.resume(*RLJOBS)
 @kopf.on.update(*RLJOBS, field="spec")
 def apply(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    _apply(body, logger, new=False)
+
+
+def _apply(body: kopf.Body, logger: kopf.Logger, new: bool) -> None:
     post = _poster(body, logger)
     try:
         reconcile.parse_job(dict(body))
@@ -84,13 +102,13 @@ def apply(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         reconcile.fail_invalid(kube(), dict(body), err, _now(), post)
         return
     with _lock(body):
-        written = reconcile.apply_job(kube(), dict(body), _now(), post)
+        written = reconcile.apply_job(kube(), dict(body), _now(), post, new=new)
     if written:
         logger.info("applied %s", ", ".join(written))
 
 
 @kopf.timer(*RLJOBS, interval=INTERVAL_S, initial_delay=0.1)
-def observe(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: kopf.Logger, **_: Any) -> None:
     if reconcile.current_status(dict(body)).phase in TERMINAL_PHASES:
         return  # finished (or failed as invalid): nothing left to observe
     try:
@@ -98,8 +116,9 @@ def observe(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> 
     except ValidationError:
         return  # the create handler fails it with InvalidSpec
     memory = memo.setdefault("job", reconcile.Memory())
+    pods = list(pods_by_job.get((body["metadata"]["namespace"], body["metadata"]["name"]), []))
     with _lock(body):
-        reconcile.drive(kube(), dict(body), memory, _now(), _poster(body, logger))
+        reconcile.drive(kube(), dict(body), pods, memory, _now(), _poster(body, logger))
 
 
 @kopf.on.delete(*RLJOBS, retries=DELETE_RETRIES, backoff=1)

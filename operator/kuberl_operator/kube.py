@@ -94,9 +94,15 @@ class Kube:
         items = (self._call("GET", f"{path}?labelSelector={query}" if query else path) or {}).get("items") or []
         return [i for i in items if selector.items() <= ((i.get("metadata") or {}).get("labels") or {}).items()]
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any], exist_ok: bool = False) -> dict[str, Any] | None:
+        """The created object; with `exist_ok`, None when one of that name exists already."""
         meta = obj["metadata"]
-        return self._call("POST", collection_path(obj["apiVersion"], obj["kind"], meta["namespace"]), obj)
+        try:
+            return self._call("POST", collection_path(obj["apiVersion"], obj["kind"], meta["namespace"]), obj)
+        except ApiException as err:
+            if exist_ok and err.status == 409:
+                return None
+            raise
 
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("PATCH", path, body, "application/merge-patch+json")

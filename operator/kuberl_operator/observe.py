@@ -19,6 +19,16 @@ from kuberl_trainer.cluster_status import LEARNER_STOPPED
 # lastCheckpoint, rewardMean, ...) it writes directly (kuberl_trainer.cluster_status, the writer).
 
 
+def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a pod the functions below read: what the operator's pod index keeps in memory."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "labels", "deletionTimestamp") if k in meta},
+        "spec": {"containers": [{"resources": c.get("resources") or {}} for c in spec.get("containers") or []]},
+        "status": {k: v for k, v in (pod.get("status") or {}).items() if k in ("phase", "conditions")},
+    }
+
+
 def desired_replicas(job: RLJob, scaled_down: bool) -> dict[str, int]:
     """Pods each tier should have (the sandbox tier is autoscaled above its minimum)."""
     if scaled_down:

@@ -15,7 +15,16 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
 from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
 from kuberl_operator.kube import Kube, collection_path, rljob_path
-from kuberl_operator.lifecycle import Action, ActionKind, Event, Observed, next_state, set_condition, should_write
+from kuberl_operator.lifecycle import (
+    Action,
+    ActionKind,
+    Decision,
+    Event,
+    Observed,
+    next_state,
+    set_condition,
+    should_write,
+)
 from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, TIER_LABEL
 from kuberl_operator.observe import desired_replicas, gpus_in_use, learner_stop, tier_states
 
@@ -104,12 +113,13 @@ def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: da
     post(Event("Warning", str(Reason.INVALID_SPEC), message))
 
 
-def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent) -> list[str]:
-    """Apply the children unless the spec change is unsafe for a started job; then say why in a condition."""
+def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, new: bool = False) -> list[str]:
+    """Apply the children unless the spec change is unsafe for a started job; then say why in a condition.
+    A `new` job (the create handler) has no applied spec to compare with yet."""
     body = fresh(kube, body)  # the phase decides the replicas: a stale one would undo a scale-down
     job, namespace = parse_job(body), body["metadata"]["namespace"]
     old = current_status(body)
-    applied = applied_spec(kube.get(config_map_path(job, namespace)))
+    applied = None if new else applied_spec(kube.get(config_map_path(job, namespace)))
     refused = unsafe_changes(applied, job.spec) if applied is not None and old.phase != Phase.PENDING else []
     if refused:
         message = (f"{', '.join(refused)} cannot change once the job has started (the checkpoints belong to "
@@ -127,21 +137,47 @@ def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent) 
     if refused:
         return []
     scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES
-    return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down)
+    return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down, new=new)
 
 
-def drive(kube: Kube, body: dict[str, Any], memory: Memory, now: datetime, post: PostEvent) -> RLJobStatus:
-    """One observation: read the job and its pods, run the state machine, act, post events, write the status.
-    The job is read afresh, not taken from the watch: a status written a moment ago (by this operator or the
-    learner) may not have arrived through the watch yet, and deciding on an older one would undo it."""
+def drive(
+    kube: Kube, body: dict[str, Any], pods: list[dict[str, Any]], memory: Memory, now: datetime, post: PostEvent
+) -> RLJobStatus:
+    """One observation of a job and its pods (from the operator's pod index, not a list per job): run the
+    state machine, act, post events, write the status.
+
+    Most observations change nothing and cost no request. One that would act or write is decided again on
+    the job read afresh: a status written a moment ago (by this operator or the learner) may not have
+    arrived through the watch yet, and a decision on an older one would undo it (conditions are one list)."""
     if current_status(body).phase in TERMINAL_PHASES:
         return current_status(body)  # final: no stored status can be newer than a terminal one
+    old, decision, observed = _decide(body, pods, memory, now)
+    if not (decision.actions or decision.events or should_write(old, decision.status, observed)):
+        if memory.metered_at is None:
+            memory.metered_at = now  # the stored counters are as of now: meter from here
+        return old
     body = fresh(kube, body)
-    job, meta = parse_job(body), body["metadata"]
-    old = current_status(body)
+    old, decision, observed = _decide(body, pods, memory, now)
     if old.phase in TERMINAL_PHASES:
         return old
-    pods = kube.list(collection_path("v1", "Pod", meta["namespace"]), {JOB_LABEL: job.name})
+    job = parse_job(body)
+    for action in decision.actions:
+        _act(kube, body, job, pods, action)
+    if should_write(old, decision.status, observed):
+        write_status(kube, body, old, decision.status)
+        memory.metered_at = now
+    elif memory.metered_at is None:
+        memory.metered_at = now
+    for event in decision.events:
+        post(event)
+    return decision.status
+
+
+def _decide(
+    body: dict[str, Any], pods: list[dict[str, Any]], memory: Memory, now: datetime
+) -> tuple[RLJobStatus, Decision, Observed]:
+    job, meta = parse_job(body), body["metadata"]
+    old = current_status(body)
     if memory.last_step != old.step or memory.last_progress is None:
         memory.last_step, memory.last_progress = old.step, now
     observed = Observed(
@@ -152,32 +188,23 @@ def drive(kube: Kube, body: dict[str, Any], memory: Memory, now: datetime, post:
         last_progress=memory.last_progress,
         learner_stop=learner_stop(body.get("status") or {}),
     )
-    decision = next_state(job.spec, old, observed, generation=meta.get("generation"))
-    for action in decision.actions:
-        _act(kube, body, job, action)
-    if should_write(old, decision.status, observed):
-        write_status(kube, body, old, decision.status)
-        memory.metered_at = now
-    elif memory.metered_at is None:
-        memory.metered_at = now  # the stored counters are as of now: meter from here
-    for event in decision.events:
-        post(event)
-    return decision.status
+    return old, next_state(job.spec, old, observed, generation=meta.get("generation")), observed
 
 
-def _act(kube: Kube, body: dict[str, Any], job: RLJob, action: Action) -> None:
+def _act(kube: Kube, body: dict[str, Any], job: RLJob, pods: list[dict[str, Any]], action: Action) -> None:
     namespace = body["metadata"]["namespace"]
-    pods = collection_path("v1", "Pod", namespace)
+    collection = collection_path("v1", "Pod", namespace)
     if action.kind == ActionKind.SCALE_TO_ZERO:
         # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
         apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True)
     elif action.kind == ActionKind.RESTART_LEARNER_GANG:
         # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
-        for pod in kube.list(pods, {JOB_LABEL: job.name, TIER_LABEL: LEARNER}):
-            kube.delete(f"{pods}/{pod['metadata']['name']}")
+        for pod in pods:
+            if (pod["metadata"].get("labels") or {}).get(TIER_LABEL) == LEARNER:
+                kube.delete(f"{collection}/{pod['metadata']['name']}")
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
-            kube.delete(f"{pods}/{name}")
+            kube.delete(f"{collection}/{name}")
 
 
 def clean_up(kube: Kube, body: dict[str, Any]) -> list[str]:
