@@ -1,33 +1,37 @@
 """Many RLJobs created at once against an emulated API server (kmock) with the real operator process.
 
 Reported: seconds from each job's create until every one of its children exists (p50, p99, max), the
-seconds from the last create until the last job is complete, and the operator's peak RSS. Goal (issue 7):
+seconds from the last create until the last job is complete, the operator's peak RSS, and the CPU it uses
+afterwards (cores, over STEADY_S) to keep observing every job. Goal (issue 7):
 p99 <= 5 s after the last create and RSS <= 300 MB for 1,000 jobs. KUBERL_BENCH_JOBS sets the count.
 
 The emulator serves every request on one Python thread of this process, on the same cores as the operator,
 so it is measured too, in the same run: `emulator_floor_s` is how long it takes to serve the same creates
 with no operator at all (one client writing every child object of every job, nothing else). The operator
 cannot finish sooner than that here; a real API server is neither single-threaded nor on the same cores.
-Progress is polled on the kind each job's apply creates last (one list a poll); the children of every job
-are counted in full at the end.
+When a job's children were all written is read from the operator's log (its "applied" line, stamped to the
+millisecond): polling the emulator for them would load the very server being measured. The children of
+every job are then counted in full through the API, and only jobs that have them all count as complete.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 JOBS = int(os.environ.get("KUBERL_BENCH_JOBS", "1000"))
 NS = "default"
 TIMEOUT_S = 1800.0
-POLL_S = 0.5
+STEADY_S = 20.0
 # every kind the operator creates for a job (desired_objects, plus the sandbox token Secret)
 COLLECTIONS = [
     f"/api/v1/namespaces/{NS}/serviceaccounts",
@@ -43,9 +47,22 @@ COLLECTIONS = [
 ]
 
 
+# kopf's log line: "[2026-11-30 14:40:00,123] kopf.objects [INFO] [default/scale-0001] applied Secret/..."
+APPLIED = re.compile(r"^\[(?P<at>[\d-]+ [\d:]+,\d+)\] \S+ +\[INFO *\] \[[^/\]]+/(?P<job>[^\]]+)\] applied ", re.M)
+
+
+def applied_at(log: str, jobs: set[str]) -> dict[str, float]:
+    """Epoch seconds of each job's first "applied" line (kopf stamps local time)."""
+    out: dict[str, float] = {}
+    for match in APPLIED.finditer(log):
+        if match["job"] in jobs and match["job"] not in out:
+            out[match["job"]] = datetime.strptime(match["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return out
+
+
 def manifest(name: str) -> dict:
     return {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"},
+            "metadata": {"name": name, "namespace": NS},
             "spec": {"learner": {"replicas": 2}, "rollout": {"replicas": 2},
                      "checkpoint": {"uri": f"s3://ckpt/{name}"}}}  # fmt: skip
 
@@ -84,8 +101,7 @@ def floor_client(spec_path: str) -> None:
 
     def create_all(index: int) -> None:
         for obj in spec["objects"]:
-            meta = {**obj["metadata"], "name": f"{obj['metadata']['name']}-{index}", "uid": f"u{index}",
-                    "resourceVersion": "1"}  # fmt: skip
+            meta = {**obj["metadata"], "name": f"{obj['metadata']['name']}-{index}"}
             api.post(collection_path(obj["apiVersion"], obj["kind"], NS), {**obj, "metadata": meta})
 
     with ThreadPoolExecutor(8) as pool:
@@ -96,12 +112,9 @@ def run() -> dict[str, object]:
     from kuberl.api.rljob import RLJob
     from kuberl_operator.desired import desired_objects
     from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
-    from kuberl_operator.kube import collection_path
-    from kuberl_operator.meta import JOB_LABEL
 
     probe = desired_objects(RLJob.from_manifest(manifest("probe")), NS, owner=None)
     expected = len(probe) + 1  # + the sandbox token Secret
-    last_kind = collection_path(probe[-1]["apiVersion"], probe[-1]["kind"], NS)
     print(f"[bench] emulator floor: {JOBS} jobs' worth of creates, no operator", flush=True)
     floor = emulator_floor_s([*probe, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}}], JOBS)
     print(f"[bench]   {floor:.1f} s", flush=True)
@@ -116,27 +129,26 @@ def run() -> dict[str, object]:
 
             def create(name: str) -> None:
                 api.post(f"/apis/kuberl.io/v1alpha1/namespaces/{NS}/rljobs", manifest(name))
-                created[name] = time.monotonic()
+                created[name] = time.time()
 
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(create, names))
             last_create = max(created.values())
             print(f"[bench]   {JOBS} RLJobs created in {last_create - min(created.values()):.1f} s", flush=True)
-            done: dict[str, float] = {}
-            peak_rss, shown = 0, 0.0
-            while len(done) < JOBS and time.monotonic() - last_create < TIMEOUT_S:
-                now = time.monotonic()
-                for item in api.items(last_kind):
-                    job = (item["metadata"].get("labels") or {}).get(JOB_LABEL)
-                    if job in created and job not in done:
-                        done[job] = now
+            peak_rss, shown, done = 0, 0.0, {}
+            while len(done) < JOBS and time.time() - last_create < TIMEOUT_S:
+                time.sleep(1.0)
+                done = applied_at(operator.log.read_text(errors="replace"), set(created))
                 peak_rss = max(peak_rss, operator.peak_rss_bytes() or 0)
-                if now - shown >= 5 or len(done) == JOBS:
+                if time.time() - shown >= 5 or len(done) == JOBS:
                     print(f"[bench]   {len(done)}/{JOBS} jobs have their children, "
-                          f"{now - last_create:.0f} s after the last create", flush=True)  # fmt: skip
-                    shown = now
-                time.sleep(POLL_S)
+                          f"{time.time() - last_create:.0f} s after the last create", flush=True)  # fmt: skip
+                    shown = time.time()
             counts = children_per_job(api)
+            # the steady state: every job observed each interval, nothing changing
+            before, start = operator.cpu_seconds(), time.monotonic()
+            time.sleep(STEADY_S)
+            steady_cpu = (operator.cpu_seconds() - before) / (time.monotonic() - start)
         finally:
             operator.stop()
     complete = {n for n in done if counts.get(n, 0) >= expected}
@@ -154,7 +166,7 @@ def run() -> dict[str, object]:
         "create_burst_s": round(last_create - min(created.values()), 1),
         "emulator_floor_s": round(floor, 1),
         "operator_peak_rss_mb": round(peak_rss / 2**20, 1),
-        "poll_resolution_s": POLL_S,
+        "operator_steady_cpu_cores": round(steady_cpu, 3),
     }
 
 

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,32 +59,50 @@ class Api:
         return self.call("DELETE", path)
 
 
-# The request being served in this asyncio task (aiohttp serves each request in its own task).
-_SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("kuberl_emulator_request")
+# The request being routed in this asyncio task (aiohttp serves each request in its own task).
+_ROUTING: contextvars.ContextVar[Any] = contextvars.ContextVar("kuberl_emulator_request")
 
 
-class _InFlightRequests(list):
+class _RequestLog(list):
     """kmock keeps every request it has served and, to route a new one, scans that whole history once per
-    candidate reaction: serving n requests costs O(n²), minutes for a thousand jobs' worth. Routing only
-    needs the requests in flight, so that is all this keeps (tests assert through the API, not the log)."""
+    candidate reaction (serving n requests costs O(n²): minutes for a thousand jobs' worth). Routing only
+    asks whether the request being routed is in a reaction's view, so this log holds just that one, per
+    task, and counts the rest (kmock numbers requests by the count). Tests assert through the API instead."""
+
+    served = 0
 
     def append(self, request: Any) -> None:
-        super().append(request)
-        _SERVING.set(request)
+        self.served += 1
+        _ROUTING.set(request)
 
-    def forget(self, request: Any) -> None:
-        for index, kept in enumerate(self):
-            if kept is request:  # by identity: two equal requests are still two requests
-                del self[index]
-                return
+    def __iter__(self) -> Iterator[Any]:
+        request = _ROUTING.get(None)
+        return iter(() if request is None else (request,))
+
+    def __len__(self) -> int:
+        return self.served
 
 
 def _emulator() -> Any:
     import kmock
 
     class Emulator(kmock.KubernetesEmulator):
-        """kmock with two costs a real API server does not have taken out: the request log (above), and a
-        scan of every stored object to serve one by name (a dict lookup here, same result)."""
+        """kmock without two costs a real API server does not have: the request log (above), and a scan of
+        every stored object to serve one by name (a dict lookup here, with the same result). And with what
+        kmock leaves out: a uid on create and a new resourceVersion on every write. kopf tells its own
+        writes coming back through the watch from older events by the resourceVersion; with one that never
+        changes, it takes a late event for a new object and runs the create handler again."""
+
+        written = 0
+
+        async def _handle(self, request: Any) -> Any:
+            if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and isinstance(request.data, dict):
+                self.written += 1
+                meta = request.data.setdefault("metadata", {})
+                meta["resourceVersion"] = str(self.written)
+                if request.action == kmock.action.CREATE:
+                    meta.setdefault("uid", str(uuid.uuid4()))
+            return await super()._handle(request)
 
         def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
             if strict and request.name is not None:
@@ -91,16 +110,8 @@ def _emulator() -> Any:
                 return [self._objects[key]] if key in self._objects else []
             return super()._KubernetesEmulator__get_objs(request, strict)
 
-        async def __call__(self, raw_request: Any) -> Any:
-            try:
-                return await super().__call__(raw_request)
-            finally:
-                request = _SERVING.get(None)
-                if request is not None:
-                    self._requests.forget(request)
-
     emulator = Emulator()
-    emulator._requests = _InFlightRequests()
+    emulator._requests = _RequestLog()
     return emulator
 
 
@@ -165,6 +176,11 @@ class OperatorProcess:
         except OSError:
             return None
         return None
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the process has used."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

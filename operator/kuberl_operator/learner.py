@@ -5,9 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.api.rljob import RLJob
-from kuberl_operator.meta import LEARNER, child_name, common_labels, object_meta, selector_labels
+from kuberl_operator.meta import LEARNER, child_name, selector_labels
 from kuberl_operator.placement import pod_placement
-from kuberl_operator.pod import JOB_FILE, RUN_DIR, env_list, resources, runtime_env, storage_env, workload_volumes
+from kuberl_operator.pod import (
+    JOB_FILE,
+    RUN_DIR,
+    env_list,
+    parallel_statefulset,
+    resources,
+    runtime_env,
+    storage_env,
+    tier_service,
+    workload_volumes,
+)
 from kuberl_operator.rbac import service_account_name
 from kuberl_operator.rollout import rollout_urls
 from kuberl_operator.security import restricted_container_security_context, restricted_pod_security_context
@@ -33,11 +43,12 @@ def rendezvous_endpoint(job: RLJob, namespace: str) -> str:
 
 def build_learner_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
     """Headless, and publishing not-ready pods: ranks must find each other before any of them is ready."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": object_meta(job, child_name(job, LEARNER), LEARNER, namespace, owner),
-        "spec": {
+    return tier_service(
+        job,
+        LEARNER,
+        namespace,
+        owner,
+        {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": selector_labels(job, LEARNER),
@@ -46,7 +57,7 @@ def build_learner_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
-    }
+    )
 
 
 def torchrun_argv(job: RLJob, namespace: str) -> list[str]:
@@ -104,7 +115,6 @@ def build_learner_statefulset(job: RLJob, namespace: str, owner: dict[str, Any] 
     rendezvous one pod at a time, and an ordered scale-down would wait on ranks blocked in collectives.
     OnDelete updates: the operator restarts the gang as a whole; a rolling update would break it rank by
     rank."""
-    name = child_name(job, LEARNER)
     volumes, mounts = workload_volumes(job)
     volumes.append({"name": "run", "emptyDir": {}})
     mounts.append({"name": "run", "mountPath": RUN_DIR.rsplit("/", 1)[0]})
@@ -133,16 +143,6 @@ def build_learner_statefulset(job: RLJob, namespace: str, owner: dict[str, Any] 
         "containers": [container],
         "volumes": volumes,
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": object_meta(job, name, LEARNER, namespace, owner),
-        "spec": {
-            "serviceName": name,
-            "replicas": learner_replicas(job),
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "OnDelete"},
-            "selector": {"matchLabels": selector_labels(job, LEARNER)},
-            "template": {"metadata": {"labels": common_labels(job, LEARNER)}, "spec": pod_spec},
-        },
-    }
+    return parallel_statefulset(
+        job, LEARNER, namespace, owner, replicas=learner_replicas(job), update_strategy="OnDelete", pod_spec=pod_spec
+    )

@@ -1,4 +1,5 @@
-"""Pod-spec pieces the tiers share: file layout, volumes, environment, resources and probes."""
+"""Pieces the tiers share: file layout, volumes, environment, resources and probes of their pods, and the
+skeletons of their Services and StatefulSets."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import ResourceRequirements
-from kuberl_operator.meta import CONFIG, child_name
+from kuberl_operator.meta import CONFIG, child_name, common_labels, object_meta, selector_labels
 
 # The job file every entrypoint reads (`kuberl rollout-server JOB.yaml`, `kuberl learner JOB.yaml`).
 JOB_DIR = "/etc/kuberl"
@@ -97,4 +98,42 @@ def http_probe(path: str, port: str, period: int, failures: int) -> dict[str, An
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
+    }
+
+
+def parallel_statefulset(
+    job: RLJob,
+    tier: str,
+    namespace: str,
+    owner: dict[str, Any] | None,
+    *,
+    replicas: int,
+    update_strategy: str,
+    pod_spec: dict[str, Any],
+) -> dict[str, Any]:
+    """A tier's StatefulSet behind its headless Service of the same name. Parallel pod management: the
+    pods of a tier start (and stop) at once, never one after another."""
+    name = child_name(job, tier)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(job, name, tier, namespace, owner),
+        "spec": {
+            "serviceName": name,
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": update_strategy},
+            "selector": {"matchLabels": selector_labels(job, tier)},
+            "template": {"metadata": {"labels": common_labels(job, tier)}, "spec": pod_spec},
+        },
+    }
+
+
+def tier_service(job: RLJob, tier: str, namespace: str, owner: dict[str, Any] | None, spec: dict[str, Any]) -> dict:
+    """The Service named after a tier (what its spec says differs by tier)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(job, child_name(job, tier), tier, namespace, owner),
+        "spec": spec,
     }

@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.api.rljob import RLJob
-from kuberl_operator.meta import ROLLOUT, SANDBOX, child_name, common_labels, object_meta, selector_labels
+from kuberl_operator.meta import ROLLOUT, SANDBOX, child_name, selector_labels
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import (
     JOB_FILE,
     http_probe,
+    parallel_statefulset,
     resources,
     runtime_env,
     sandbox_token_env,
     storage_env,
+    tier_service,
     workload_volumes,
 )
 from kuberl_operator.security import restricted_container_security_context, restricted_pod_security_context
@@ -41,16 +43,17 @@ def rollout_replicas(job: RLJob) -> int:
 
 def build_rollout_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
     """Headless: it gives every rollout pod the stable DNS name the learner addresses it by."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": object_meta(job, child_name(job, ROLLOUT), ROLLOUT, namespace, owner),
-        "spec": {
+    return tier_service(
+        job,
+        ROLLOUT,
+        namespace,
+        owner,
+        {
             "clusterIP": "None",
             "selector": selector_labels(job, ROLLOUT),
             "ports": [{"name": "http", "port": ROLLOUT_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
-    }
+    )
 
 
 def build_rollout_statefulset(
@@ -58,7 +61,6 @@ def build_rollout_statefulset(
 ) -> dict[str, Any]:
     """The same `kuberl rollout-server JOB.yaml` as `kuberl run`. Ready on /readyz once the engine holds
     weights; a startup probe covers downloading and loading a large model before liveness applies."""
-    name = child_name(job, ROLLOUT)
     volumes, mounts = workload_volumes(job)
     argv = ["python", "-m", "kuberl.cli", "rollout-server", JOB_FILE, "--host", "0.0.0.0", "--port", str(ROLLOUT_PORT),
             "--sandbox-url", sandbox_url(job, namespace)]  # fmt: skip
@@ -84,17 +86,8 @@ def build_rollout_statefulset(
         "containers": [container],
         "volumes": volumes,
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": object_meta(job, name, ROLLOUT, namespace, owner),
-        "spec": {
-            "serviceName": name,
-            "replicas": rollout_replicas(job),
-            # servers are independent: load all models at once instead of one pod after another
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
-            "selector": {"matchLabels": selector_labels(job, ROLLOUT)},
-            "template": {"metadata": {"labels": common_labels(job, ROLLOUT)}, "spec": pod_spec},
-        },
-    }
+    # servers are independent: all load their models at once; a rolling update replaces one at a time
+    return parallel_statefulset(
+        job, ROLLOUT, namespace, owner, replicas=rollout_replicas(job), update_strategy="RollingUpdate",
+        pod_spec=pod_spec,
+    )  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Any
 from kuberl.api.rljob import RLJob
 from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta, selector_labels
 from kuberl_operator.placement import pod_placement
-from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env
+from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env, tier_service
 from kuberl_operator.rollout import SANDBOX_PORT
 from kuberl_operator.security import sandbox_container_security_context, sandbox_pod_security_context
 
@@ -32,18 +32,19 @@ def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
     """A session lives in one sandbox pod's memory and workspace, so every call of a session must reach
     the pod that created it. ClientIP affinity guarantees that for each rollout pod, at the price of each
     rollout pod using one sandbox pod at a time."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": object_meta(job, child_name(job, SANDBOX), SANDBOX, namespace, owner),
-        "spec": {
+    return tier_service(
+        job,
+        SANDBOX,
+        namespace,
+        owner,
+        {
             "type": "ClusterIP",
             "selector": selector_labels(job, SANDBOX),
             "sessionAffinity": "ClientIP",
             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": AFFINITY_SECONDS}},
             "ports": [{"name": "http", "port": SANDBOX_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
-    }
+    )
 
 
 def build_sandbox_deployment(

@@ -91,8 +91,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) ->
 def create_job(api: Api, name: str, **spec: Any) -> None:
     manifest = {
         "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
-        # kmock assigns neither uid nor resourceVersion; kopf's finalizer patch and owner references need them
-        "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "resourceVersion": "1"},
+        "metadata": {"name": name, "namespace": NS},  # uid and resourceVersion come from the emulator
         "spec": {"model": {"uri": "s3://models/tiny"}, "checkpoint": {"uri": "s3://ckpt/jobs"},
                  "learner": {"replicas": 2}, "rollout": {"replicas": 2}, **spec},
     }  # fmt: skip
