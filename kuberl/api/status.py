@@ -85,6 +85,17 @@ class PerTier(ApiModel):
     """Sandbox tier."""
 
 
+class TierHours(ApiModel):
+    """GPU-hours for each tier."""
+
+    learner: float = Field(0.0, ge=0.0)
+    """Learner tier."""
+    rollout: float = Field(0.0, ge=0.0)
+    """Rollout tier."""
+    sandbox: float = Field(0.0, ge=0.0)
+    """Sandbox tier."""
+
+
 class RLJobStatus(ApiModel):
     """Observed state of an RLJob."""
 
@@ -108,6 +119,10 @@ class RLJobStatus(ApiModel):
     """Seconds the job has run since it started, time Suspended excluded: the wall-clock breaker's clock."""
     gpu_hours: float = Field(0.0, ge=0.0)
     """GPU-hours used so far by all tiers (GPU requests times run time): the GPU-hour breaker's meter."""
+    gpu_hours_by_tier: TierHours = Field(default_factory=TierHours)
+    """GPU-hours per tier (they add up to gpuHours)."""
+    spot_gpu_hours_by_tier: TierHours = Field(default_factory=TierHours)
+    """The part of gpuHoursByTier used on spot nodes."""
     completion_time: datetime | None = None
     """When the job reached a terminal phase."""
     step: int = Field(0, ge=0)

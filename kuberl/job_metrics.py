@@ -1,0 +1,103 @@
+"""Job-level Prometheus metrics, read from RLJob statuses: the operator exports them for every job it
+drives, `kuberl run` for its one job. The names are in docs/metrics.md (section "Job").
+
+Every series carries `namespace` and `rljob` (not `job`: Prometheus keeps that label for the scrape job).
+Counts the status holds cumulatively (restarts, preemptions, GPU time) are exported as counters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from kuberl.api.status import Phase, Reason, RLJobStatus
+
+TIERS = ("learner", "rollout", "sandbox")
+# Reasons that name a circuit breaker (kuberl.api.status.Reason): a job ending with one "tripped" it.
+BREAKER_REASONS = frozenset({
+    Reason.MAX_STEPS_REACHED, Reason.MAX_WALL_CLOCK_REACHED, Reason.GPU_HOUR_BUDGET_EXHAUSTED,
+    Reason.NON_FINITE_LOSS, Reason.NO_PROGRESS, Reason.MISMATCH_KL_EXCEEDED, Reason.RETRY_BUDGET_EXHAUSTED,
+})  # fmt: skip
+_LABELS = ["namespace", "rljob"]
+
+
+class JobMetrics(Collector):
+    """The latest status of each job, rendered as metric families on every scrape."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._statuses: dict[tuple[str, str], RLJobStatus] = {}
+        self._lock = threading.Lock()
+        if registry is not None:
+            registry.register(self)
+
+    def observe(self, namespace: str, job: str, status: RLJobStatus) -> None:
+        with self._lock:
+            self._statuses[namespace, job] = status
+
+    def forget(self, namespace: str, job: str) -> None:
+        with self._lock:
+            self._statuses.pop((namespace, job), None)
+
+    def describe(self) -> list[Metric]:
+        return list(self._families({}))
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            statuses = dict(self._statuses)
+        yield from self._families(statuses)
+
+    @staticmethod
+    def _families(statuses: dict[tuple[str, str], RLJobStatus]) -> Iterator[Metric]:
+        def gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"kuberl_job_{name}", doc, labels=[*_LABELS, *(extra or [])])
+
+        def counter(name: str, doc: str, extra: list[str] | None = None) -> CounterMetricFamily:
+            return CounterMetricFamily(f"kuberl_job_{name}", doc, labels=[*_LABELS, *(extra or [])])
+
+        phase = gauge("phase", "1 for the job's current phase, 0 for the others.", ["phase"])
+        step = gauge("step", "Training steps completed.")
+        version = gauge("policy_version", "Version of the newest published policy weights.")
+        reward = gauge("reward_mean", "Mean trajectory reward of the last step.")
+        tokens = gauge("tokens_per_second", "Generated tokens per second across the rollout tier.")
+        staleness = gauge("staleness_versions", "Mean policy-version lag of the trajectories in the last batch.")
+        running = gauge("running_seconds", "Seconds the job has run, time suspended excluded (the wall-clock breaker).")
+        ready = gauge("ready_workers", "Ready pods per tier.", ["tier"])
+        checkpoint_step = gauge("checkpoint_last_step", "Step of the newest complete checkpoint.")
+        checkpoint_time = gauge("checkpoint_last_timestamp_seconds", "Unix time of the newest complete checkpoint.")
+        gpu = counter("gpu_seconds", "GPU-seconds used, per tier and capacity type (spot, on-demand).",
+                      ["tier", "capacity"])  # fmt: skip
+        restarts = counter("restarts", "Worker restarts per tier (failures; preemptions are counted apart).", ["tier"])
+        preemptions = counter("preemptions", "Spot preemptions survived (they never spend the retry budget).")
+        trips = counter("breaker_trips", "1 once a circuit breaker has stopped the job, by the breaker.", ["reason"])
+        for (namespace, job), status in sorted(statuses.items()):
+            ids = [namespace, job]
+            for p in Phase:
+                phase.add_metric([*ids, p.value], 1.0 if status.phase == p else 0.0)
+            step.add_metric(ids, status.step)
+            version.add_metric(ids, status.policy_version)
+            if status.reward_mean is not None:
+                reward.add_metric(ids, status.reward_mean)
+            if status.tokens_per_second is not None:
+                tokens.add_metric(ids, status.tokens_per_second)
+            if status.staleness is not None:
+                staleness.add_metric(ids, status.staleness)
+            running.add_metric(ids, status.running_seconds)
+            if status.last_checkpoint is not None:
+                checkpoint_step.add_metric(ids, status.last_checkpoint.step)
+                if status.last_checkpoint.time is not None:
+                    checkpoint_time.add_metric(ids, status.last_checkpoint.time.timestamp())
+            for tier in TIERS:
+                ready.add_metric([*ids, tier], getattr(status.ready_workers, tier))
+                restarts.add_metric([*ids, tier], getattr(status.restarts, tier))
+                total = getattr(status.gpu_hours_by_tier, tier) * 3600.0
+                spot = min(total, getattr(status.spot_gpu_hours_by_tier, tier) * 3600.0)
+                gpu.add_metric([*ids, tier, "spot"], spot)
+                gpu.add_metric([*ids, tier, "on-demand"], total - spot)
+            preemptions.add_metric(ids, status.preemptions)
+            if status.reason in BREAKER_REASONS:
+                trips.add_metric([*ids, str(status.reason)], 1.0)
+        yield from (phase, step, version, reward, tokens, staleness, running, ready, checkpoint_step,
+                    checkpoint_time, gpu, restarts, preemptions, trips)  # fmt: skip
