@@ -93,10 +93,18 @@ def render(job_file: str, namespace: str | None, uid: str | None) -> None:
 @click.option("-n", "--namespace", "namespaces", multiple=True,
               help="Watch RLJobs in this namespace (repeat) [all namespaces].")  # fmt: skip
 @click.option("--liveness", default=None, help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve Prometheus metrics (the operator's and every job's) on this port [none].")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="Log every handler run.")
-def operator_command(namespaces: tuple[str, ...], liveness: str | None, verbose: bool) -> None:
+def operator_command(
+    namespaces: tuple[str, ...], liveness: str | None, metrics_port: int | None, verbose: bool
+) -> None:
     """Run the RLJob operator (kopf, one replica: no peering): applies each job's children, drives its
     state machine and enforces its circuit breakers. Credentials: in-cluster, else the kubeconfig."""
+    import os
+
+    if metrics_port:
+        os.environ["KUBERL_OPERATOR_METRICS_PORT"] = str(metrics_port)  # read when the handlers are imported
     import kopf
 
     import kuberl_operator.handlers  # noqa: F401  (registers the handlers)

@@ -16,9 +16,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from kuberl.api.status import TERMINAL_PHASES
+from kuberl.api.status import TERMINAL_PHASES, RLJobStatus
 from kuberl.crd import GROUP, PLURAL, VERSION
 from kuberl_operator import observe as observe_pods
+from kuberl_operator import operator_metrics as metrics
 from kuberl_operator import reconcile
 from kuberl_operator.kube import Kube
 from kuberl_operator.lifecycle import Event
@@ -28,6 +29,8 @@ from kuberl_operator.meta import JOB_LABEL
 INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_INTERVAL", "3"))
 # Deletion retries before the finalizer is released anyway: a job must never be stuck deleting.
 DELETE_RETRIES = 3
+# `kuberl operator --metrics-port` (0: no metrics server)
+METRICS_PORT = int(os.environ.get("KUBERL_OPERATOR_METRICS_PORT", "0"))
 RLJOBS = (GROUP, VERSION, PLURAL)
 _kube: Kube | None = None
 # kopf runs a job's timer and its event handlers concurrently; both read the phase and write children, so
@@ -71,6 +74,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf's bookkeeping in annotations under our prefix, so the status holds only RLJobStatus fields
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=reconcile.KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=reconcile.KOPF_PREFIX)
+    if METRICS_PORT:
+        metrics.serve(METRICS_PORT)
     settings.posting.level = logging.WARNING  # events come from the state machine, not from kopf's logs
     # the handlers block on HTTP: with the default pool (cores + 4 threads) a burst of new jobs queues
     settings.execution.max_workers = int(os.environ.get("KUBERL_OPERATOR_WORKERS", "32"))
@@ -85,21 +90,24 @@ def pods_by_job(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) 
 
 @kopf.on.create(*RLJOBS)
 def create(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    _apply(body, logger, new=True)
+    with metrics.timed("create"):
+        _apply(body, logger, new=True)
 
 
 @kopf.on.resume(*RLJOBS)
 @kopf.on.update(*RLJOBS, field="spec")
 def apply(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    _apply(body, logger, new=False)
+    with metrics.timed("apply"):
+        _apply(body, logger, new=False)
 
 
 def _apply(body: kopf.Body, logger: kopf.Logger, new: bool) -> None:
     post = _poster(body, logger)
+    _export(body, reconcile.current_status(dict(body)))
     try:
         reconcile.parse_job(dict(body))
     except ValidationError as err:
-        reconcile.fail_invalid(kube(), dict(body), err, _now(), post)
+        _export(body, reconcile.fail_invalid(kube(), dict(body), err, _now(), post))
         return
     with _lock(body):
         written = reconcile.apply_job(kube(), dict(body), _now(), post, new=new)
@@ -110,6 +118,7 @@ def _apply(body: kopf.Body, logger: kopf.Logger, new: bool) -> None:
 @kopf.timer(*RLJOBS, interval=INTERVAL_S, initial_delay=0.1)
 def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: kopf.Logger, **_: Any) -> None:
     if reconcile.current_status(dict(body)).phase in TERMINAL_PHASES:
+        _export(body, reconcile.current_status(dict(body)))
         return  # finished (or failed as invalid): nothing left to observe
     try:
         reconcile.parse_job(dict(body))
@@ -117,14 +126,16 @@ def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: k
         return  # the create handler fails it with InvalidSpec
     memory = memo.setdefault("job", reconcile.Memory())
     pods = list(pods_by_job.get((body["metadata"]["namespace"], body["metadata"]["name"]), []))
-    with _lock(body):
-        reconcile.drive(kube(), dict(body), pods, memory, _now(), _poster(body, logger))
+    with metrics.timed("observe"), _lock(body):
+        status = reconcile.drive(kube(), dict(body), pods, memory, _now(), _poster(body, logger))
+    _export(body, status)
 
 
 @kopf.on.delete(*RLJOBS, retries=DELETE_RETRIES, backoff=1)
 def delete(body: kopf.Body, retry: int, logger: kopf.Logger, **_: Any) -> None:
+    metrics.jobs.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
-        with _lock(body):
+        with metrics.timed("delete"), _lock(body):
             gone = reconcile.clean_up(kube(), dict(body))
         with _job_locks_guard:
             _job_locks.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
@@ -136,3 +147,7 @@ def delete(body: kopf.Body, retry: int, logger: kopf.Logger, **_: Any) -> None:
             return
         raise kopf.TemporaryError(f"cleaning up: {err}", delay=1) from err
     logger.info("deleted %s", ", ".join(gone) or "nothing")
+
+
+def _export(body: kopf.Body, status: RLJobStatus) -> None:
+    metrics.jobs.observe(body["metadata"]["namespace"], body["metadata"]["name"], status)

@@ -99,11 +99,11 @@ def write_status(kube: Kube, body: dict[str, Any], old: RLJobStatus, new: RLJobS
         kube.patch(rljob_path(meta["namespace"], meta["name"]) + "/status", {"status": patch})
 
 
-def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: datetime, post: PostEvent) -> None:
-    """An invalid spec fails the job at once, saying which fields are wrong."""
+def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: datetime, post: PostEvent) -> RLJobStatus:
+    """An invalid spec fails the job at once, saying which fields are wrong. Returns the status."""
     old = current_status(body)
     if old.phase == Phase.FAILED and old.reason == Reason.INVALID_SPEC:
-        return
+        return old
     problems = "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" if e["loc"][:1] == ("spec",)
                          else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())  # fmt: skip
     message = f"invalid RLJob: {problems}"[:32768]
@@ -111,6 +111,7 @@ def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: da
                                  "completion_time": now})  # fmt: skip
     write_status(kube, body, old, new)
     post(Event("Warning", str(Reason.INVALID_SPEC), message))
+    return new
 
 
 def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, new: bool = False) -> list[str]:

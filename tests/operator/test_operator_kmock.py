@@ -8,16 +8,20 @@ One emulator and one operator serve every test; each test has its own job.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
+from kuberl_sandbox.local import free_port
 
 NS = "default"
 RLJOBS = f"/apis/kuberl.io/v1alpha1/namespaces/{NS}/rljobs"
@@ -48,7 +52,16 @@ class Operator(OperatorProcess):
     """The operator with a short observation interval, so that the scenarios run in seconds."""
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
-        super().__init__(kubeconfig, log, {"KUBERL_OPERATOR_INTERVAL": "1", "KUBERL_WATCH_SERVER_TIMEOUT": "60"})
+        self.metrics_port = free_port()
+        super().__init__(kubeconfig, log, {"KUBERL_OPERATOR_INTERVAL": "1", "KUBERL_WATCH_SERVER_TIMEOUT": "60",
+                                           "KUBERL_OPERATOR_METRICS_PORT": str(self.metrics_port)})  # fmt: skip
+
+    def metrics(self) -> dict[str, float]:
+        """The operator's /metrics as {'name{labels}': value}."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {sample.name + json.dumps(sample.labels, sort_keys=True): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +220,7 @@ def test_job_runs_recovers_from_a_learner_failure_and_replaces_rollout_pods(clus
     [("steps", {"maxSteps": 20}, 20, "MaxStepsReached"), ("clock", {"maxWallClock": "2s"}, 1, "MaxWallClockReached")],
 )
 def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limits, step, reason):
-    api, _ = cluster
+    api, operator = cluster
     create_job(api, name, training={"totalSteps": 20}, limits=limits)
     wait_phase(api, name, "Initializing")
     start_all(api, name)
@@ -217,6 +230,16 @@ def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limi
     wait_for("tiers scaled to zero", lambda: replicas(api, name) == {"learner": 0, "rollout": 0})
     sandbox = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}-sandbox"
     wait_for("sandbox scaled to zero", lambda: api.get(sandbox)["spec"]["replicas"] == 0)
+
+    # what Prometheus sees: the job's phase, the breaker that tripped, the operator's own handler timings
+    ids = {"namespace": NS, "rljob": name}
+    metrics = wait_for("job metrics", lambda: (m := operator.metrics()).get(
+        "kuberl_job_phase" + json.dumps({**ids, "phase": "Stopped"}, sort_keys=True)) == 1 and m)  # fmt: skip
+    assert metrics["kuberl_job_phase" + json.dumps({**ids, "phase": "Running"}, sort_keys=True)] == 0
+    assert metrics["kuberl_job_breaker_trips_total" + json.dumps({**ids, "reason": reason}, sort_keys=True)] == 1
+    assert metrics["kuberl_job_step" + json.dumps(ids, sort_keys=True)] == step
+    assert metrics['kuberl_operator_reconcile_duration_seconds_count{"handler": "observe"}'] > 0
+    assert metrics['kuberl_operator_reconcile_duration_seconds_count{"handler": "create"}'] > 0
 
 
 def test_invalid_spec_fails_with_a_message(cluster):
