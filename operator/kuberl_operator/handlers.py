@@ -31,6 +31,9 @@ INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_INTERVAL", "3"))
 DELETE_RETRIES = 3
 # `kuberl operator --metrics-port` (0: no metrics server)
 METRICS_PORT = int(os.environ.get("KUBERL_OPERATOR_METRICS_PORT", "0"))
+# Spot detection and preemption notices read nodes: off where the operator may not list them (the node
+# index must fill before any handler runs, so a forbidden list would stall the operator).
+WATCH_NODES = os.environ.get("KUBERL_OPERATOR_WATCH_NODES", "1") == "1"
 RLJOBS = (GROUP, VERSION, PLURAL)
 _kube: Kube | None = None
 # kopf runs a job's timer and its event handlers concurrently; both read the phase and write children, so
@@ -88,6 +91,14 @@ def pods_by_job(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) 
     return {(namespace, labels[JOB_LABEL]): observe_pods.pod_summary(dict(body))}
 
 
+if WATCH_NODES:
+
+    @kopf.index("nodes")
+    def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, observe_pods.NodeCapacity]:
+        """Spot or not, and preemption notices, of every node (one watch; needs list/watch on nodes)."""
+        return {name: observe_pods.node_capacity(dict(body))}
+
+
 @kopf.on.create(*RLJOBS)
 def create(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     with metrics.timed("create"):
@@ -116,7 +127,7 @@ def _apply(body: kopf.Body, logger: kopf.Logger, new: bool) -> None:
 
 
 @kopf.timer(*RLJOBS, interval=INTERVAL_S, initial_delay=0.1)
-def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: kopf.Logger, **_: Any) -> None:
+def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: kopf.Logger, **kwargs: Any) -> None:
     if reconcile.current_status(dict(body)).phase in TERMINAL_PHASES:
         _export(body, reconcile.current_status(dict(body)))
         return  # finished (or failed as invalid): nothing left to observe
@@ -127,7 +138,8 @@ def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: k
     memory = memo.setdefault("job", reconcile.Memory())
     pods = list(pods_by_job.get((body["metadata"]["namespace"], body["metadata"]["name"]), []))
     with metrics.timed("observe"), _lock(body):
-        status = reconcile.drive(kube(), dict(body), pods, memory, _now(), _poster(body, logger))
+        nodes = {name: info for name, (info, *_) in kwargs.get("nodes_by_name", {}).items()}
+        status = reconcile.drive(kube(), dict(body), pods, memory, _now(), _poster(body, logger), nodes)
     _export(body, status)
 
 

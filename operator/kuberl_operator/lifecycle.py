@@ -23,6 +23,7 @@ TIERS = (LEARNER, ROLLOUT, SANDBOX)
 # The metered counters change on every observation; writing them that often would turn every job into
 # a steady stream of status writes, so they are written at least this often (and with any other change).
 METER_WRITE_S = 30.0
+_COUNTERS = {"running_seconds", "gpu_hours", "gpu_hours_by_tier", "spot_gpu_hours_by_tier"}
 # Phases in which the job's wall clock runs (the breaker counts time since the job started running).
 _CLOCK_PHASES = frozenset({Phase.RUNNING, Phase.RECOVERING})
 # Health breakers the learner reports are failures of the run, not limits it reached (as in stop_for).
@@ -72,6 +73,8 @@ class Observed:
     now: datetime
     tiers: Mapping[str, TierState]
     gpus_in_use: float = 0.0  # GPUs requested by the job's running pods
+    gpus_by_tier: Mapping[str, float] = field(default_factory=dict)  # the same per tier (they add up)
+    spot_gpus_by_tier: Mapping[str, float] = field(default_factory=dict)  # the part of them on spot nodes
     metered_at: datetime | None = None  # when status.runningSeconds/gpuHours were last written (None: unknown)
     last_progress: datetime | None = None  # when status.step last advanced (None: not seen advancing yet)
     learner_stop: LearnerStop | None = None
@@ -110,10 +113,9 @@ def next_state(spec: RLJobSpec, status: RLJobStatus, observed: Observed, generat
 
 def should_write(old: RLJobStatus, new: RLJobStatus, observed: Observed) -> bool:
     """Write on any change but the metered counters, and those at least every METER_WRITE_S."""
-    counters = {"running_seconds", "gpu_hours"}
-    if old.model_dump(exclude=counters) != new.model_dump(exclude=counters):
+    if old.model_dump(exclude=_COUNTERS) != new.model_dump(exclude=_COUNTERS):
         return True
-    if old.running_seconds == new.running_seconds and old.gpu_hours == new.gpu_hours:
+    if old.model_dump(include=_COUNTERS) == new.model_dump(include=_COUNTERS):
         return False
     return observed.metered_at is None or (observed.now - observed.metered_at).total_seconds() >= METER_WRITE_S
 
@@ -123,8 +125,16 @@ def _metered(status: RLJobStatus, observed: Observed) -> RLJobStatus:
     held for that whole interval."""
     if observed.metered_at is None:
         return status  # after an operator restart: the interval is unknown, so it is not guessed
-    seconds = max(0.0, (observed.now - observed.metered_at).total_seconds())
-    update = {"gpu_hours": status.gpu_hours + observed.gpus_in_use * seconds / 3600.0}
+    hours = max(0.0, (observed.now - observed.metered_at).total_seconds()) / 3600.0
+    seconds = hours * 3600.0
+    by_tier, spot = status.gpu_hours_by_tier, status.spot_gpu_hours_by_tier
+    update: dict[str, object] = {
+        "gpu_hours": status.gpu_hours + observed.gpus_in_use * hours,
+        "gpu_hours_by_tier": by_tier.model_copy(update={
+            t: getattr(by_tier, t) + observed.gpus_by_tier.get(t, 0.0) * hours for t in TIERS}),
+        "spot_gpu_hours_by_tier": spot.model_copy(update={
+            t: getattr(spot, t) + observed.spot_gpus_by_tier.get(t, 0.0) * hours for t in TIERS}),
+    }  # fmt: skip
     if status.phase in _CLOCK_PHASES:
         update["running_seconds"] = status.running_seconds + seconds
     return status.model_copy(update=update)

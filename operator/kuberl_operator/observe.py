@@ -5,6 +5,8 @@ Pure functions over the objects the API returned, so they are tested with plain 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api.rljob import RLJob
@@ -12,6 +14,7 @@ from kuberl.api.status import Reason
 from kuberl_operator.desired import GPU
 from kuberl_operator.lifecycle import TIERS, LearnerStop, TierState
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, TIER_LABEL
+from kuberl_operator.placement import PREEMPTION_NOTICE_TAINTS, SPOT_NODE_LABELS
 from kuberl_trainer.cluster_status import LEARNER_STOPPED
 
 # The learner reports that it stopped itself (a breaker, or training done) with the LEARNER_STOPPED condition
@@ -21,12 +24,35 @@ from kuberl_trainer.cluster_status import LEARNER_STOPPED
 
 def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
     """The fields of a pod the functions below read: what the operator's pod index keeps in memory."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     return {
         "metadata": {k: meta[k] for k in ("name", "labels", "deletionTimestamp") if k in meta},
-        "spec": {"containers": [{"resources": c.get("resources") or {}} for c in spec.get("containers") or []]},
-        "status": {k: v for k, v in (pod.get("status") or {}).items() if k in ("phase", "conditions")},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [
+                {"resources": c.get("resources") or {}, "ports": c.get("ports") or []}
+                for c in spec.get("containers") or []
+            ],
+        },
+        "status": {k: v for k, v in status.items() if k in ("phase", "conditions", "podIP")},
     }
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What the operator needs to know of a node: spot or not, and whether it is about to go away."""
+
+    spot: bool
+    notice: bool  # a preemption or termination notice is on the node (its taint)
+
+
+def node_capacity(node: dict[str, Any]) -> NodeCapacity:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+    return NodeCapacity(
+        spot=any(labels.get(key) == value for key, value in SPOT_NODE_LABELS),
+        notice=bool(taints & PREEMPTION_NOTICE_TAINTS),
+    )
 
 
 def desired_replicas(job: RLJob, scaled_down: bool) -> dict[str, int]:
@@ -37,9 +63,13 @@ def desired_replicas(job: RLJob, scaled_down: bool) -> dict[str, int]:
     return {LEARNER: spec.learner.replicas, ROLLOUT: spec.rollout.replicas, SANDBOX: spec.sandbox.min_replicas}
 
 
-def tier_states(pods: list[dict[str, Any]], desired: dict[str, int]) -> dict[str, TierState]:
+def tier_states(
+    pods: list[dict[str, Any]], desired: dict[str, int], nodes: Mapping[str, NodeCapacity] | None = None
+) -> dict[str, TierState]:
     """Ready, failed and disrupted pods per tier. Terminating pods are left out: the operator (or the
-    node) is already replacing them, so counting them again would charge one failure twice."""
+    node) is already replacing them, so counting them again would charge one failure twice. A pod is
+    disrupted when it has a DisruptionTarget condition or its node carries a preemption notice."""
+    nodes = nodes or {}
     ready: dict[str, int] = dict.fromkeys(TIERS, 0)
     failed: dict[str, list[str]] = {t: [] for t in TIERS}
     disrupted: dict[str, list[str]] = {t: [] for t in TIERS}
@@ -49,7 +79,8 @@ def tier_states(pods: list[dict[str, Any]], desired: dict[str, int]) -> dict[str
         if tier not in ready or meta.get("deletionTimestamp"):
             continue
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-        if conditions.get("DisruptionTarget") == "True":
+        node = nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+        if conditions.get("DisruptionTarget") == "True" or (node is not None and node.notice):
             disrupted[tier].append(meta["name"])
         elif status.get("phase") == "Failed":
             failed[tier].append(meta["name"])
@@ -58,16 +89,30 @@ def tier_states(pods: list[dict[str, Any]], desired: dict[str, int]) -> dict[str
     return {t: TierState(desired[t], ready[t], tuple(failed[t]), tuple(disrupted[t])) for t in TIERS}
 
 
-def gpus_in_use(pods: list[dict[str, Any]]) -> float:
-    """GPUs held by running pods (limits, which Kubernetes requires to equal requests for GPUs)."""
-    total = 0.0
+def gpus_by_tier(
+    pods: list[dict[str, Any]], nodes: Mapping[str, NodeCapacity] | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """GPUs held by running pods per tier (limits, which Kubernetes requires to equal requests for GPUs),
+    and the part of them on spot nodes."""
+    nodes = nodes or {}
+    total: dict[str, float] = dict.fromkeys(TIERS, 0.0)
+    spot: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") != "Running":
+        tier = ((pod.get("metadata") or {}).get("labels") or {}).get(TIER_LABEL)
+        if tier not in total or (pod.get("status") or {}).get("phase") != "Running":
             continue
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            limits = (container.get("resources") or {}).get("limits") or {}
-            total += float(limits.get(GPU, 0) or 0)
-    return total
+        gpus = sum(float(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0) or 0)
+                   for c in (pod.get("spec") or {}).get("containers") or [])  # fmt: skip
+        total[tier] += gpus
+        node = nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+        if node is not None and node.spot:
+            spot[tier] += gpus
+    return total, spot
+
+
+def gpus_in_use(pods: list[dict[str, Any]]) -> float:
+    """GPUs held by the job's running pods."""
+    return sum(gpus_by_tier(pods)[0].values())
 
 
 def learner_stop(status: dict[str, Any]) -> LearnerStop | None:

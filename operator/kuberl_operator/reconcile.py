@@ -4,7 +4,7 @@ here; every decision is made by the pure modules (desired, apply.contains, obser
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,7 @@ from kuberl_operator.lifecycle import (
     should_write,
 )
 from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, TIER_LABEL
-from kuberl_operator.observe import desired_replicas, gpus_in_use, learner_stop, tier_states
+from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier, learner_stop, tier_states
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
 KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
@@ -142,7 +142,13 @@ def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, 
 
 
 def drive(
-    kube: Kube, body: dict[str, Any], pods: list[dict[str, Any]], memory: Memory, now: datetime, post: PostEvent
+    kube: Kube,
+    body: dict[str, Any],
+    pods: list[dict[str, Any]],
+    memory: Memory,
+    now: datetime,
+    post: PostEvent,
+    nodes: Mapping[str, NodeCapacity] | None = None,
 ) -> RLJobStatus:
     """One observation of a job and its pods (from the operator's pod index, not a list per job): run the
     state machine, act, post events, write the status.
@@ -152,13 +158,13 @@ def drive(
     arrived through the watch yet, and a decision on an older one would undo it (conditions are one list)."""
     if current_status(body).phase in TERMINAL_PHASES:
         return current_status(body)  # final: no stored status can be newer than a terminal one
-    old, decision, observed = _decide(body, pods, memory, now)
+    old, decision, observed = _decide(body, pods, nodes or {}, memory, now)
     if not (decision.actions or decision.events or should_write(old, decision.status, observed)):
         if memory.metered_at is None:
             memory.metered_at = now  # the stored counters are as of now: meter from here
         return old
     body = fresh(kube, body)
-    old, decision, observed = _decide(body, pods, memory, now)
+    old, decision, observed = _decide(body, pods, nodes or {}, memory, now)
     if old.phase in TERMINAL_PHASES:
         return old
     job = parse_job(body)
@@ -175,16 +181,19 @@ def drive(
 
 
 def _decide(
-    body: dict[str, Any], pods: list[dict[str, Any]], memory: Memory, now: datetime
+    body: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str, NodeCapacity], memory: Memory, now: datetime
 ) -> tuple[RLJobStatus, Decision, Observed]:
     job, meta = parse_job(body), body["metadata"]
     old = current_status(body)
     if memory.last_step != old.step or memory.last_progress is None:
         memory.last_step, memory.last_progress = old.step, now
+    gpus, spot_gpus = gpus_by_tier(pods, nodes)
     observed = Observed(
         now=now,
-        tiers=tier_states(pods, desired_replicas(job, job.spec.suspend)),
-        gpus_in_use=gpus_in_use(pods),
+        tiers=tier_states(pods, desired_replicas(job, job.spec.suspend), nodes),
+        gpus_in_use=sum(gpus.values()),
+        gpus_by_tier=gpus,
+        spot_gpus_by_tier=spot_gpus,
         metered_at=memory.metered_at,
         last_progress=memory.last_progress,
         learner_stop=learner_stop(body.get("status") or {}),

@@ -161,6 +161,15 @@ def test_wall_clock_excludes_time_suspended():
     assert suspended.status.running_seconds == 100.0
 
 
+def test_gpu_hours_are_metered_per_tier_and_on_spot():
+    observed = Observed(NOW, tiers(), gpus_in_use=10.0, gpus_by_tier={"learner": 8.0, "rollout": 2.0},
+                        spot_gpus_by_tier={"rollout": 2.0}, metered_at=NOW - timedelta(minutes=30))  # fmt: skip
+    metered = next_state(spec(), status(Phase.RUNNING), observed).status
+    assert metered.gpu_hours == 5.0
+    assert metered.gpu_hours_by_tier.model_dump() == {"learner": 4.0, "rollout": 1.0, "sandbox": 0.0}
+    assert metered.spot_gpu_hours_by_tier.model_dump() == {"learner": 0.0, "rollout": 1.0, "sandbox": 0.0}
+
+
 def test_gpu_hours_accumulate_from_gpus_in_use():
     observed = Observed(NOW, tiers(), gpus_in_use=4.0, metered_at=NOW - timedelta(minutes=30))
     assert next_state(spec(), status(Phase.RUNNING, gpu_hours=1.0), observed).status.gpu_hours == 3.0

@@ -8,7 +8,16 @@ from kuberl.api.status import Reason
 from kuberl_operator.apply import applied_spec, contains, unsafe_changes
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.lifecycle import LearnerStop, TierState
-from kuberl_operator.observe import desired_replicas, gpus_in_use, learner_stop, tier_states
+from kuberl_operator.observe import (
+    NodeCapacity,
+    desired_replicas,
+    gpus_by_tier,
+    gpus_in_use,
+    learner_stop,
+    node_capacity,
+    pod_summary,
+    tier_states,
+)
 
 
 def pod(name: str, tier: str, phase: str = "Running", ready: bool = True, gpus: int = 0, **extra) -> dict:
@@ -43,6 +52,51 @@ def test_tier_states_count_ready_failed_and_disrupted_pods():
 def test_gpus_in_use_counts_running_pods_only():
     pods = [pod("a", "learner", gpus=1), pod("b", "rollout", gpus=2), pod("c", "rollout", phase="Pending", gpus=4)]
     assert gpus_in_use(pods) == 3.0
+
+
+def test_a_preemption_notice_on_the_node_disrupts_its_pods_before_it_goes():
+    nodes = {"spot-1": NodeCapacity(spot=True, notice=True), "spot-2": NodeCapacity(spot=True, notice=False)}
+    pods = [
+        {**pod("j-rollout-0", "rollout"), "spec": {"nodeName": "spot-1", "containers": []}},
+        {**pod("j-rollout-1", "rollout"), "spec": {"nodeName": "spot-2", "containers": []}},
+        {**pod("j-learner-0", "learner"), "spec": {"nodeName": "unknown", "containers": []}},
+    ]
+    states = tier_states(pods, DESIRED, nodes)
+    assert states["rollout"] == TierState(2, 1, (), ("j-rollout-0",))
+    assert states["learner"] == TierState(2, 1, (), ())
+
+
+def test_node_capacity_reads_the_clouds_spot_labels_and_notice_taints():
+    gke_spot = {"metadata": {"labels": {"cloud.google.com/gke-spot": "true"}}}
+    reclaimed = {**gke_spot, "spec": {"taints": [{"key": "cloud.google.com/impending-node-termination",
+                                                  "effect": "NoSchedule"}]}}  # fmt: skip
+    karpenter = {"metadata": {"labels": {"karpenter.sh/capacity-type": "on-demand"}}}
+    assert node_capacity(gke_spot) == NodeCapacity(spot=True, notice=False)
+    assert node_capacity(reclaimed) == NodeCapacity(spot=True, notice=True)
+    assert node_capacity(karpenter) == NodeCapacity(spot=False, notice=False)
+    assert node_capacity({}) == NodeCapacity(spot=False, notice=False)
+
+
+def test_gpus_split_by_tier_and_by_spot_nodes():
+    nodes = {"spot": NodeCapacity(spot=True, notice=False), "od": NodeCapacity(spot=False, notice=False)}
+    on = lambda p, node: {**p, "spec": {**p["spec"], "nodeName": node}}  # noqa: E731
+    pending = pod("d", "rollout", phase="Pending", gpus=2)
+    pods = [on(pod("a", "learner", gpus=8), "od"), on(pod("b", "rollout", gpus=2), "spot"),
+            on(pod("c", "rollout", gpus=2), "od"), on(pending, "spot")]  # fmt: skip
+    total, spot = gpus_by_tier(pods, nodes)
+    assert total == {"learner": 8.0, "rollout": 4.0, "sandbox": 0.0}
+    assert spot == {"learner": 0.0, "rollout": 2.0, "sandbox": 0.0}
+
+
+def test_pod_summary_keeps_what_the_observation_reads():
+    full = {**pod("j-rollout-0", "rollout", gpus=1), "apiVersion": "v1", "kind": "Pod"}
+    full["spec"].update(nodeName="n1", volumes=[{"name": "big"}])
+    full["status"].update(podIP="10.0.0.7", containerStatuses=[{"name": "rollout"}])
+    summary = pod_summary(full)
+    assert summary["spec"]["nodeName"] == "n1" and summary["status"]["podIP"] == "10.0.0.7"
+    assert "volumes" not in summary["spec"] and "containerStatuses" not in summary["status"]
+    assert tier_states([summary], DESIRED) == tier_states([full], DESIRED)
+    assert gpus_by_tier([summary]) == gpus_by_tier([full])
 
 
 def test_desired_replicas_follow_the_spec_or_zero():
