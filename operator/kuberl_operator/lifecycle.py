@@ -104,8 +104,11 @@ def next_state(spec: RLJobSpec, status: RLJobStatus, observed: Observed, generat
         message = "spec.suspend is true: every tier scaled to zero"
         return _enter(new, now, Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, message, (Action(ActionKind.SCALE_TO_ZERO),))
     if status.phase in (Phase.PENDING, Phase.SUSPENDED):
-        return _enter(new, now, Phase.INITIALIZING, Reason.CREATING_WORKERS, "creating the learner, rollout and "
-                      "sandbox tiers")  # fmt: skip
+        checkpoint = status.last_checkpoint
+        message = "creating the learner, rollout and sandbox tiers" + (
+            f"; the learner resumes from checkpoint step {checkpoint.step} ({checkpoint.uri})" if checkpoint else ""
+        )
+        return _enter(new, now, Phase.INITIALIZING, Reason.CREATING_WORKERS, message)
     if stop := _breaker(spec, new, observed):
         return stop
     return _workers(spec, new, observed)

@@ -215,6 +215,64 @@ def test_job_runs_recovers_from_a_learner_failure_and_replaces_rollout_pods(clus
                                            "Preempted"} <= set(event_reasons(api, "train")))  # fmt: skip
 
 
+def test_suspend_checkpoints_and_scales_to_zero_and_resume_continues_from_that_checkpoint(cluster):
+    api, _ = cluster
+    create_job(api, "pause", training={"totalSteps": 100})
+    wait_phase(api, "pause", "Initializing")
+    start_all(api, "pause")
+    api.patch(f"{RLJOBS}/pause/status", {"status": {"step": 7}})
+    wait_phase(api, "pause", "Running")
+
+    api.patch(f"{RLJOBS}/pause", {"spec": {"suspend": True}})
+    suspended = wait_phase(api, "pause", "Suspended")
+    assert suspended["reason"] == "SuspendedByUser"
+    wait_for("every tier at zero", lambda: replicas(api, "pause") == {"learner": 0, "rollout": 0})
+    sandbox = f"/apis/apps/v1/namespaces/{NS}/deployments/pause-sandbox"
+    wait_for("sandbox at zero", lambda: api.get(sandbox)["spec"]["replicas"] == 0)
+    # the learner's preStop makes it write a final checkpoint and report it, then its pods go
+    api.patch(
+        f"{RLJOBS}/pause/status", {"status": {"lastCheckpoint": {"step": 7, "uri": "s3://ckpt/jobs/pause/step-7"}}}
+    )
+    for pod in api.items(PODS):
+        if pod["metadata"]["name"].startswith("pause-"):
+            api.delete(f"{PODS}/{pod['metadata']['name']}")
+    time.sleep(3)  # several observations while suspended: nothing changes, nothing counts
+    held = status(api, "pause")
+    assert held["phase"] == "Suspended" and held["lastCheckpoint"]["step"] == 7
+    assert not any((held.get("restarts") or {}).values()) and held.get("preemptions", 0) == 0
+
+    api.patch(f"{RLJOBS}/pause", {"spec": {"suspend": False}})
+    resumed = wait_phase(api, "pause", "Initializing")
+    assert "resumes from checkpoint step 7 (s3://ckpt/jobs/pause/step-7)" in resumed["message"]
+    wait_for("tiers scaled back", lambda: replicas(api, "pause") == {"learner": 2, "rollout": 2})
+    start_all(api, "pause")
+    running = wait_phase(api, "pause", "Running")
+    assert running["step"] == 7 and running["lastCheckpoint"]["step"] == 7
+
+
+def test_a_preemption_notice_on_a_rollout_node_replaces_its_pod_without_spending_the_budget(cluster):
+    api, _ = cluster
+    create_job(api, "notice", training={"totalSteps": 100})
+    wait_phase(api, "notice", "Initializing")
+    start_all(api, "notice")
+    wait_phase(api, "notice", "Running")
+    learners = pod_uids(api, "notice", "learner")
+    api.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "spot-a", "labels": {"karpenter.sh/capacity-type": "spot"}}})  # fmt: skip
+    api.patch(f"{PODS}/notice-rollout-1", {"spec": {"nodeName": "spot-a"}})
+    # the cloud announces the reclaim with a taint on the node
+    api.patch("/api/v1/nodes/spot-a", {"spec": {"taints": [
+        {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})  # fmt: skip
+    wait_for("preempted pod deleted", lambda: api.get(f"{PODS}/notice-rollout-1") is None)
+    preempted = status(api, "notice")
+    assert preempted["preemptions"] == 1 and not any((preempted.get("restarts") or {}).values())
+    assert preempted["phase"] == "Running" and pod_uids(api, "notice", "learner") == learners
+    start_pods(api, "notice", "rollout", 1, first=1)  # the StatefulSet controller's replacement, on another node
+    wait_for("replica restored", lambda: status(api, "notice")["readyWorkers"]["rollout"] == 2)
+    assert status(api, "notice")["preemptions"] == 1
+    api.delete("/api/v1/nodes/spot-a")
+
+
 @pytest.mark.parametrize(
     ("name", "limits", "step", "reason"),
     [("steps", {"maxSteps": 20}, 20, "MaxStepsReached"), ("clock", {"maxWallClock": "2s"}, 1, "MaxWallClockReached")],
