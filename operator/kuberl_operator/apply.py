@@ -21,6 +21,8 @@ from kuberl_operator.secret import build_sandbox_token_secret
 # A running learner cannot switch model or algorithm without starting over: its checkpoints, optimizer
 # state and published weights all belong to the old ones. Replica counts and limits can change.
 UNSAFE_FIELDS = ("model", "algorithm")
+# Kueue's Workload is created once: its pod sets cannot change while it is admitted (Kueue rejects it).
+CREATE_ONLY = frozenset({"Workload"})
 
 
 def unsafe_changes(applied: RLJobSpec, new: RLJobSpec) -> list[str]:
@@ -73,12 +75,28 @@ def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down
         existing = kube.get(object_path(obj))
         if existing is None:
             kube.create(_with_uid(obj))
-        elif not contains(existing, obj):
+        elif obj["kind"] in CREATE_ONLY:
+            continue
+        elif not contains(existing, obj := _keep_autoscaled_replicas(job, existing, obj, scaled_down)):
             kube.patch(object_path(obj), obj)
         else:
             continue
         written.append(f"{obj['kind']}/{obj['metadata']['name']}")
     return written
+
+
+def _keep_autoscaled_replicas(
+    job: RLJob, existing: dict[str, Any], obj: dict[str, Any], scaled_down: bool
+) -> dict[str, Any]:
+    """The sandbox Deployment's replicas belong to its autoscaler (the operator's or an HPA) once it
+    exists: re-applying the spec keeps them, clamped to the spec's bounds, unless the job is scaled down."""
+    if obj["kind"] != "Deployment" or scaled_down:
+        return obj
+    current = (existing.get("spec") or {}).get("replicas")
+    if not isinstance(current, int):
+        return obj
+    bounded = min(max(current, job.spec.sandbox.min_replicas), job.spec.sandbox.max_replicas)
+    return {**obj, "spec": {**obj["spec"], "replicas": bounded}}
 
 
 def delete_children(kube: Kube, job: RLJob, namespace: str) -> list[str]:

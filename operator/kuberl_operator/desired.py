@@ -10,7 +10,9 @@ from kuberl.api.rljob import RLJob
 from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.learner import build_learner_service, build_learner_statefulset
+from kuberl_operator.meta import TIER_LABEL
 from kuberl_operator.network_policy import build_sandbox_network_policy
+from kuberl_operator.queueing import build_workload
 from kuberl_operator.rbac import build_role, build_role_binding, build_service_account
 from kuberl_operator.rollout import build_rollout_service, build_rollout_statefulset
 from kuberl_operator.sandbox import build_sandbox_deployment, build_sandbox_service
@@ -32,7 +34,18 @@ def desired_objects(
     sandbox NetworkPolicy before any sandbox pod (untrusted code never runs unfenced), Services before
     the workloads that resolve them, the learner last (it waits on rollout servers)."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
+    workloads = [
+        build_sandbox_deployment(job, namespace, owner, secret),
+        build_rollout_statefulset(job, namespace, owner, secret),
+        build_learner_statefulset(job, namespace, owner),
+    ]
+    queue = []
+    if job.spec.scheduling.queue_name:
+        # first: Kueue must know the job before any of its pods may start; its pod sets are the tiers' templates
+        templates = {w["metadata"]["labels"][TIER_LABEL]: w["spec"]["template"] for w in workloads}
+        queue.append(build_workload(job, namespace, owner, templates))
     return [
+        *queue,
         build_service_account(job, namespace, owner),
         build_role(job, namespace, owner),
         build_role_binding(job, namespace, owner),
@@ -43,9 +56,7 @@ def desired_objects(
         build_learner_service(job, namespace, owner),
         build_rollout_pdb(job, namespace, owner),
         build_learner_pdb(job, namespace, owner),
-        build_sandbox_deployment(job, namespace, owner, secret),
-        build_rollout_statefulset(job, namespace, owner, secret),
-        build_learner_statefulset(job, namespace, owner),
+        *workloads,
     ]
 
 

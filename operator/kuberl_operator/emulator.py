@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 RLJOB_RESOURCE = "kuberl.io/v1alpha1/rljobs"
+WORKLOAD_RESOURCE = "kueue.x-k8s.io/v1beta1/workloads"
 HANDLERS = ["-m", "kopf", "run", "--standalone", "-A", "-m", "kuberl_operator.handlers"]
 
 
@@ -127,6 +128,11 @@ def emulated_api_server() -> Iterator[str]:
             emulator.resources.load_bundled()
             emulator.resources[RLJOB_RESOURCE] = kmock.ResourceInfo(
                 kind="RLJob", namespaced=True, subresources={"status"},
+                verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+            )  # fmt: skip
+            # Kueue's Workload, for queued jobs (the tests play Kueue, admitting and evicting)
+            emulator.resources[WORKLOAD_RESOURCE] = kmock.ResourceInfo(
+                kind="Workload", namespaced=True, subresources={"status"},
                 verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
             )  # fmt: skip
             box["url"], box["stop"], box["loop"] = str(server.url), asyncio.Event(), asyncio.get_running_loop()

@@ -31,6 +31,8 @@ _PLURALS = {
     "Service": "services",
     "ServiceAccount": "serviceaccounts",
     "StatefulSet": "statefulsets",
+    "Workload": "workloads",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
 }
 RLJOB_API_VERSION = f"{GROUP}/{VERSION}"
 

@@ -34,6 +34,8 @@ class ActionKind(StrEnum):
     RESTART_LEARNER_GANG = "RestartLearnerGang"  # delete every learner pod: the gang resumes from a checkpoint
     REPLACE_PODS = "ReplacePods"  # delete these pods of one tier; its controller creates new ones
     SCALE_TO_ZERO = "ScaleToZero"  # every tier to zero replicas; the learner's preStop writes a final checkpoint
+    APPLY = "Apply"  # every tier back to the spec's replicas (leaving Suspended)
+    SCALE_SANDBOX = "ScaleSandbox"  # the sandbox Deployment to `replicas` (its autoscaler's decision)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Action:
     kind: ActionKind
     tier: str | None = None
     pods: tuple[str, ...] = ()
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Observed:
     metered_at: datetime | None = None  # when status.runningSeconds/gpuHours were last written (None: unknown)
     last_progress: datetime | None = None  # when status.step last advanced (None: not seen advancing yet)
     learner_stop: LearnerStop | None = None
+    admitted: bool | None = None  # Kueue's admission of a queued job (None: the job is not queued)
 
 
 @dataclass(frozen=True)
@@ -98,17 +102,21 @@ def next_state(spec: RLJobSpec, status: RLJobStatus, observed: Observed, generat
             "ready_workers": PerTier(**{t: observed.tiers[t].ready for t in TIERS if t in observed.tiers}),
         }
     )
-    if spec.suspend:
-        if status.phase == Phase.SUSPENDED:
+    if spec.suspend or observed.admitted is False:
+        reason = Reason.SUSPENDED_BY_USER if spec.suspend else Reason.WAITING_FOR_ADMISSION
+        if status.phase == Phase.SUSPENDED and status.reason == reason:
             return Decision(new)
-        message = "spec.suspend is true: every tier scaled to zero"
-        return _enter(new, now, Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, message, (Action(ActionKind.SCALE_TO_ZERO),))
+        why = "spec.suspend is true" if spec.suspend else f"waiting for Kueue (LocalQueue {spec.scheduling.queue_name})"
+        message = f"{why}: every tier scaled to zero"
+        return _enter(new, now, Phase.SUSPENDED, reason, message, (Action(ActionKind.SCALE_TO_ZERO),))
     if status.phase in (Phase.PENDING, Phase.SUSPENDED):
         checkpoint = status.last_checkpoint
         message = "creating the learner, rollout and sandbox tiers" + (
             f"; the learner resumes from checkpoint step {checkpoint.step} ({checkpoint.uri})" if checkpoint else ""
         )
-        return _enter(new, now, Phase.INITIALIZING, Reason.CREATING_WORKERS, message)
+        # from Pending the create handler has applied the children; from Suspended they are at zero
+        actions = (Action(ActionKind.APPLY),) if status.phase == Phase.SUSPENDED else ()
+        return _enter(new, now, Phase.INITIALIZING, Reason.CREATING_WORKERS, message, actions)
     if stop := _breaker(spec, new, observed):
         return stop
     return _workers(spec, new, observed)

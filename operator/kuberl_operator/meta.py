@@ -11,7 +11,7 @@ MANAGED_BY = "kuberl-operator"
 JOB_LABEL = "kuberl.io/job"
 TIER_LABEL = "kuberl.io/tier"
 
-LEARNER, ROLLOUT, SANDBOX, CONFIG = "learner", "rollout", "sandbox", "config"
+LEARNER, ROLLOUT, SANDBOX, CONFIG, QUEUE = "learner", "rollout", "sandbox", "config", "queue"
 
 # The annotation `kubectl apply` writes holds the whole manifest: copying it onto children is noise.
 _SKIPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)

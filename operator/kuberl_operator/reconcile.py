@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
+from kuberl_operator import queueing
 from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
 from kuberl_operator.kube import Kube, collection_path, rljob_path
 from kuberl_operator.lifecycle import (
@@ -25,7 +26,7 @@ from kuberl_operator.lifecycle import (
     set_condition,
     should_write,
 )
-from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, TIER_LABEL
+from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, QUEUE, SANDBOX, TIER_LABEL, child_name
 from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier, learner_stop, tier_states
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
@@ -137,7 +138,7 @@ def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, 
                 post(Event("Warning", SPEC_CHANGE_REFUSED, message))
     if refused:
         return []
-    scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES
+    scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES or admission(kube, job, namespace) is False
     return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down, new=new)
 
 
@@ -158,13 +159,15 @@ def drive(
     arrived through the watch yet, and a decision on an older one would undo it (conditions are one list)."""
     if current_status(body).phase in TERMINAL_PHASES:
         return current_status(body)  # final: no stored status can be newer than a terminal one
-    old, decision, observed = _decide(body, pods, nodes or {}, memory, now)
+    job = parse_job(body)
+    admitted = admission(kube, job, body["metadata"]["namespace"])
+    old, decision, observed = _decide(body, pods, nodes or {}, admitted, memory, now)
     if not (decision.actions or decision.events or should_write(old, decision.status, observed)):
         if memory.metered_at is None:
             memory.metered_at = now  # the stored counters are as of now: meter from here
         return old
     body = fresh(kube, body)
-    old, decision, observed = _decide(body, pods, nodes or {}, memory, now)
+    old, decision, observed = _decide(body, pods, nodes or {}, admitted, memory, now)
     if old.phase in TERMINAL_PHASES:
         return old
     job = parse_job(body)
@@ -181,7 +184,12 @@ def drive(
 
 
 def _decide(
-    body: dict[str, Any], pods: list[dict[str, Any]], nodes: Mapping[str, NodeCapacity], memory: Memory, now: datetime
+    body: dict[str, Any],
+    pods: list[dict[str, Any]],
+    nodes: Mapping[str, NodeCapacity],
+    admitted: bool | None,
+    memory: Memory,
+    now: datetime,
 ) -> tuple[RLJobStatus, Decision, Observed]:
     job, meta = parse_job(body), body["metadata"]
     old = current_status(body)
@@ -190,15 +198,24 @@ def _decide(
     gpus, spot_gpus = gpus_by_tier(pods, nodes)
     observed = Observed(
         now=now,
-        tiers=tier_states(pods, desired_replicas(job, job.spec.suspend), nodes),
+        tiers=tier_states(pods, desired_replicas(job, job.spec.suspend or admitted is False), nodes),
         gpus_in_use=sum(gpus.values()),
         gpus_by_tier=gpus,
         spot_gpus_by_tier=spot_gpus,
         metered_at=memory.metered_at,
         last_progress=memory.last_progress,
         learner_stop=learner_stop(body.get("status") or {}),
+        admitted=admitted,
     )
     return old, next_state(job.spec, old, observed, generation=meta.get("generation")), observed
+
+
+def admission(kube: Kube, job: RLJob, namespace: str) -> bool | None:
+    """Kueue's admission of a queued job (one read of its Workload); None for a job that is not queued."""
+    if not job.spec.scheduling.queue_name:
+        return None
+    workload = f"{collection_path(queueing.WORKLOAD_API_VERSION, 'Workload', namespace)}/{child_name(job, QUEUE)}"
+    return queueing.admitted(kube.get(workload))
 
 
 def _act(kube: Kube, body: dict[str, Any], job: RLJob, pods: list[dict[str, Any]], action: Action) -> None:
@@ -212,6 +229,11 @@ def _act(kube: Kube, body: dict[str, Any], job: RLJob, pods: list[dict[str, Any]
         for pod in pods:
             if (pod["metadata"].get("labels") or {}).get(TIER_LABEL) == LEARNER:
                 kube.delete(f"{collection}/{pod['metadata']['name']}")
+    elif action.kind == ActionKind.APPLY:
+        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False)
+    elif action.kind == ActionKind.SCALE_SANDBOX:
+        path = f"{collection_path('apps/v1', 'Deployment', namespace)}/{child_name(job, SANDBOX)}"
+        kube.patch(path, {"spec": {"replicas": action.replicas}})
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
             kube.delete(f"{collection}/{name}")

@@ -29,6 +29,8 @@ from kuberl_operator.secret import build_sandbox_token_secret
 UID = "6f1c2a5e-0d4b-4c1e-9a53-1f2d3c4b5a69"
 OLDEST, NEWEST = "1.30", kubernetes_validate.utils.latest_version()
 WORKLOADS = ("StatefulSet", "Deployment")
+WORKLOAD_OF = {"learner": ("StatefulSet", "learner"), "rollout": ("StatefulSet", "rollout"),
+               "sandbox": ("Deployment", "sandbox")}  # fmt: skip
 
 
 def render(job: RLJob, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -50,12 +52,28 @@ def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
 
 def assert_valid_kubernetes(objects: list[dict[str, Any]]) -> None:
     for obj in objects:
+        if obj["kind"] == "Workload":
+            assert_valid_kueue_workload(obj)
+            continue
         for version in (OLDEST, NEWEST):
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as err:
                 pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
                             f"{'.'.join(map(str, err.path))}: {err.message}")  # fmt: skip
+
+
+def assert_valid_kueue_workload(workload: dict[str, Any]) -> None:
+    """Kueue's Workload is a custom resource kubernetes-validate does not know: its shape is checked here, and
+    each pod set's template, the bulk of it, is validated as the core PodTemplate it is."""
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert set(workload["spec"]) <= {"queueName", "podSets", "priorityClassName"}
+    assert 1 <= len(workload["spec"]["podSets"]) <= 8  # Kueue's limit
+    for pod_set in workload["spec"]["podSets"]:
+        assert set(pod_set) == {"name", "count", "template"} and pod_set["count"] >= 1
+        template = {"apiVersion": "v1", "kind": "PodTemplate", "template": pod_set["template"],
+                    "metadata": {"name": pod_set["name"], "namespace": workload["metadata"]["namespace"]}}  # fmt: skip
+        assert_valid_kubernetes([template])
 
 
 @pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -79,7 +97,7 @@ def test_strict_validation_rejects_an_unknown_field(example):
 def test_every_example_renders_valid_kubernetes(example):
     objects = render(example)
     assert_valid_kubernetes(objects)
-    kinds = [o["kind"] for o in objects]
+    kinds = [o["kind"] for o in objects if o["kind"] != "Workload"]  # a queued job's (see below)
     assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "Service", "Service",
                      "Service", "PodDisruptionBudget", "PodDisruptionBudget", "Deployment", "StatefulSet",
                      "StatefulSet"]  # fmt: skip
@@ -289,6 +307,21 @@ def test_the_config_map_holds_the_resolved_job_the_pods_read(example):
 def test_suspended_jobs_scale_every_tier_to_zero(example):
     objects = render(example.model_copy(update={"spec": example.spec.model_copy(update={"suspend": True})}))
     assert [o["spec"]["replicas"] for o in objects if o["kind"] in WORKLOADS] == [0, 0, 0]
+
+
+def test_a_queued_job_is_one_kueue_workload_with_a_pod_set_per_tier():
+    job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-gpu")))
+    objects = render(job)
+    workload = objects[0]  # first: Kueue knows the job before any pod of it may start
+    assert workload["kind"] == "Workload" and workload["spec"]["queueName"] == job.spec.scheduling.queue_name
+    assert workload["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == job.spec.scheduling.queue_name
+    counts = {p["name"]: p["count"] for p in workload["spec"]["podSets"]}
+    assert counts == {"learner": job.spec.learner.replicas, "rollout": job.spec.rollout.replicas,
+                      "sandbox": job.spec.sandbox.min_replicas}  # fmt: skip
+    for pod_set in workload["spec"]["podSets"]:  # Kueue charges quota for exactly the pods the tiers run
+        assert pod_set["template"] == one(objects, *WORKLOAD_OF[pod_set["name"]])["spec"]["template"]
+    assert not any(o["kind"] == "Workload" for o in render(job.model_copy(update={"spec": job.spec.model_copy(
+        update={"scheduling": job.spec.scheduling.model_copy(update={"queue_name": None})})})))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- placement

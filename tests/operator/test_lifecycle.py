@@ -35,6 +35,10 @@ def tiers(learner=(2, 2), rollout=(2, 2), sandbox=(1, 1), **extra) -> dict[str, 
     return out
 
 
+def queued() -> RLJobSpec:
+    return RLJobSpec.model_validate({"scheduling": {"queueName": "team-a"}})
+
+
 def status(phase: Phase, **fields) -> RLJobStatus:
     return RLJobStatus(phase=phase, **fields)
 
@@ -69,7 +73,16 @@ TRANSITIONS = [
     ("suspended", spec().model_copy(update={"suspend": True}), status(Phase.RUNNING), Observed(NOW, tiers()),
      Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, [ActionKind.SCALE_TO_ZERO]),
     ("resumed", spec(), status(Phase.SUSPENDED), Observed(NOW, tiers(learner=(2, 0))),
-     Phase.INITIALIZING, Reason.CREATING_WORKERS, []),
+     Phase.INITIALIZING, Reason.CREATING_WORKERS, [ActionKind.APPLY]),
+    ("queued", queued(), status(Phase.PENDING), Observed(NOW, tiers(learner=(0, 0)), admitted=False),
+     Phase.SUSPENDED, Reason.WAITING_FOR_ADMISSION, [ActionKind.SCALE_TO_ZERO]),
+    ("admitted", queued(), status(Phase.SUSPENDED, reason=Reason.WAITING_FOR_ADMISSION),
+     Observed(NOW, tiers(learner=(2, 0)), admitted=True), Phase.INITIALIZING, Reason.CREATING_WORKERS,
+     [ActionKind.APPLY]),
+    ("evicted by kueue", queued(), status(Phase.RUNNING), Observed(NOW, tiers(), admitted=False),
+     Phase.SUSPENDED, Reason.WAITING_FOR_ADMISSION, [ActionKind.SCALE_TO_ZERO]),
+    ("still queued", queued(), status(Phase.SUSPENDED, reason=Reason.WAITING_FOR_ADMISSION),
+     Observed(NOW, tiers(learner=(0, 0)), admitted=False), Phase.SUSPENDED, Reason.WAITING_FOR_ADMISSION, []),
     ("completed", spec(), status(Phase.RUNNING, step=100), Observed(NOW, tiers()),
      Phase.SUCCEEDED, Reason.COMPLETED, [ActionKind.SCALE_TO_ZERO]),
     ("max steps", spec(maxSteps=120).model_copy(update={"training": spec().training.model_copy(

@@ -273,6 +273,30 @@ def test_a_preemption_notice_on_a_rollout_node_replaces_its_pod_without_spending
     api.delete("/api/v1/nodes/spot-a")
 
 
+def test_a_queued_job_waits_for_kueue_runs_when_admitted_and_stops_when_evicted(cluster):
+    api, _ = cluster
+    workload = f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads/queued-queue"
+    create_job(api, "queued", scheduling={"queueName": "team-a"})
+    waiting = wait_phase(api, "queued", "Suspended")
+    assert waiting["reason"] == "WaitingForAdmission" and "team-a" in waiting["message"]
+    assert wait_for("the Workload", lambda: api.get(workload))["spec"]["queueName"] == "team-a"
+    assert replicas(api, "queued") == {"learner": 0, "rollout": 0}  # no pod before admission
+
+    # Kueue admits the whole job at once (the learner gang all or nothing)
+    conditions = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
+    api.patch(f"{workload}/status", {"status": {"conditions": conditions}})
+    wait_phase(api, "queued", "Initializing")
+    wait_for("tiers scaled up", lambda: replicas(api, "queued") == {"learner": 2, "rollout": 2})
+    start_all(api, "queued")
+    wait_phase(api, "queued", "Running")
+
+    # Kueue evicts it (a higher-priority workload): every tier down, the learner checkpoints on the way
+    api.patch(f"{workload}/status", {"status": {"conditions": [*conditions, {"type": "Evicted", "status": "True"}]}})
+    evicted = wait_phase(api, "queued", "Suspended")
+    assert evicted["reason"] == "WaitingForAdmission"
+    wait_for("tiers at zero", lambda: replicas(api, "queued") == {"learner": 0, "rollout": 0})
+
+
 @pytest.mark.parametrize(
     ("name", "limits", "step", "reason"),
     [("steps", {"maxSteps": 20}, 20, "MaxStepsReached"), ("clock", {"maxWallClock": "2s"}, 1, "MaxWallClockReached")],
