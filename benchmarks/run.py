@@ -46,6 +46,7 @@ def main() -> int:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # dataclasses resolve their annotations through sys.modules
         spec.loader.exec_module(module)
         print(f"[bench] {name} ...", flush=True)
         started = time.perf_counter()

@@ -65,6 +65,7 @@ class JobMetrics(Collector):
         staleness = gauge("staleness_versions", "Mean policy-version lag of the trajectories in the last batch.")
         running = gauge("running_seconds", "Seconds the job has run, time suspended excluded (the wall-clock breaker).")
         ready = gauge("ready_workers", "Ready pods per tier.", ["tier"])
+        sandbox_desired = gauge("sandbox_desired_replicas", "Sandbox pods the autoscaler asks for now.")
         checkpoint_step = gauge("checkpoint_last_step", "Step of the newest complete checkpoint.")
         checkpoint_time = gauge("checkpoint_last_timestamp_seconds", "Unix time of the newest complete checkpoint.")
         gpu = counter("gpu_seconds", "GPU-seconds used, per tier and capacity type (spot, on-demand).",
@@ -96,8 +97,10 @@ class JobMetrics(Collector):
                 spot = min(total, getattr(status.spot_gpu_hours_by_tier, tier) * 3600.0)
                 gpu.add_metric([*ids, tier, "spot"], spot)
                 gpu.add_metric([*ids, tier, "on-demand"], total - spot)
+            if status.sandbox_replicas is not None:
+                sandbox_desired.add_metric(ids, status.sandbox_replicas)
             preemptions.add_metric(ids, status.preemptions)
             if status.reason in BREAKER_REASONS:
                 trips.add_metric([*ids, str(status.reason)], 1.0)
-        yield from (phase, step, version, reward, tokens, staleness, running, ready, checkpoint_step,
+        yield from (phase, step, version, reward, tokens, staleness, running, ready, sandbox_desired, checkpoint_step,
                     checkpoint_time, gpu, restarts, preemptions, trips)  # fmt: skip

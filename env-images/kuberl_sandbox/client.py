@@ -6,6 +6,8 @@ with the job's reward function, so user reward code runs in the caller's process
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -101,8 +103,11 @@ class SandboxEnvironment:
         intermediate_rewards: bool = False,
         process_reward: RewardFunction | None = None,
         process_weight: float = 0.0,
+        session_started: Callable[[float], None] | None = None,
     ) -> None:
         self.client = client
+        # told the seconds each session took to open (the rollout tier's metric; the sandbox autoscaler's input)
+        self.session_started = session_started
         self.reward_fn = reward_fn
         self.intermediate_rewards = intermediate_rewards
         # Scores every non-final step; `process_weight` times its score is added to the step's reward.
@@ -115,7 +120,10 @@ class SandboxEnvironment:
 
     async def reset(self, task: Task) -> str:
         """Open a session on `task`; returns the initial observation."""
+        started = time.perf_counter()
         created = await self.client.create_session(task)
+        if self.session_started is not None:
+            self.session_started(time.perf_counter() - started)
         self.session_id, self.task = created["sessionId"], task
         self.actions, self.results = [], []
         return created["observation"]

@@ -137,6 +137,8 @@ class RLJobStatus(ApiModel):
     """Spot preemptions survived; never spends the retry budget."""
     ready_workers: PerTier = Field(default_factory=PerTier)
     """Ready pods per tier."""
+    sandbox_replicas: int | None = Field(None, ge=0)
+    """Sandbox pods the autoscaler asks for now (between sandbox.minReplicas and maxReplicas)."""
     reward_mean: float | None = None
     """Mean trajectory reward of the last step."""
     tokens_per_second: float | None = Field(None, ge=0.0)

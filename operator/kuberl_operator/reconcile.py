@@ -3,18 +3,22 @@ here; every decision is made by the pure modules (desired, apply.contains, obser
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import SandboxAutoscaler
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
 from kuberl_operator import queueing
 from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
+from kuberl_operator.autoscale import ScalerState, recommend
+from kuberl_operator.demand import StartLatency, scrape_demand
 from kuberl_operator.kube import Kube, collection_path, rljob_path
 from kuberl_operator.lifecycle import (
     Action,
@@ -30,6 +34,9 @@ from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, QUEUE, SANDBOX,
 from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier, learner_stop, tier_states
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+# Seconds between two sandbox autoscaling decisions of a job (each scrapes its rollout pods' metrics).
+AUTOSCALE_INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_AUTOSCALE_INTERVAL", "15"))
+_LIVE_PHASES = frozenset({Phase.INITIALIZING, Phase.RUNNING, Phase.RECOVERING})
 KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
 PostEvent = Callable[[Event], None]
 _STATUS_KEYS = {f.alias or name for name, f in RLJobStatus.model_fields.items()}
@@ -43,6 +50,9 @@ class Memory:
     metered_at: datetime | None = None
     last_step: int | None = None
     last_progress: datetime | None = None
+    scaler: ScalerState = field(default_factory=ScalerState)  # the sandbox autoscaler's window
+    start_latency: StartLatency = field(default_factory=StartLatency)
+    autoscaled_at: float | None = None  # time.monotonic() of the last autoscaling decision
 
 
 def post_event(kube: Kube, body: dict[str, Any], event: Event, now: datetime) -> None:
@@ -181,6 +191,38 @@ def drive(
     for event in decision.events:
         post(event)
     return decision.status
+
+
+def autoscale_sandbox(
+    kube: Kube, body: dict[str, Any], pods: list[dict[str, Any]], memory: Memory, post: PostEvent, clock: float
+) -> int | None:
+    """Every AUTOSCALE_INTERVAL_S for a live job whose sandbox tier the operator scales: the rollout tier's
+    demand -> kuberl_operator.autoscale.recommend -> the Deployment's replicas and status.sandboxReplicas.
+    Returns the replicas asked for (None when nothing was decided)."""
+    status, job = current_status(body), parse_job(body)
+    if status.phase not in _LIVE_PHASES or job.spec.sandbox.autoscaler != SandboxAutoscaler.OPERATOR:
+        return None
+    if memory.autoscaled_at is not None and clock - memory.autoscaled_at < AUTOSCALE_INTERVAL_S:
+        return None
+    memory.autoscaled_at = clock
+    demand = scrape_demand(pods, memory.start_latency)
+    meta, spec = body["metadata"], job.spec.sandbox
+    deployment = f"{collection_path('apps/v1', 'Deployment', meta['namespace'])}/{child_name(job, SANDBOX)}"
+    current = ((kube.get(deployment) or {}).get("spec") or {}).get("replicas")
+    if demand is None or not isinstance(current, int):
+        return None  # no rollout server answered (or no Deployment yet): hold, decide on the next report
+    rec = recommend(demand, current, min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+                    sessions_per_pod=spec.sessions_per_pod, now=clock, state=memory.scaler)  # fmt: skip
+    memory.scaler = rec.state
+    if rec.replicas != current:
+        kube.patch(deployment, {"spec": {"replicas": rec.replicas}})
+        post(Event("Normal", "SandboxScaled", f"sandbox pods {current} -> {rec.replicas} ({rec.reason}): "
+                   f"{demand.sessions_wanted} sessions wanted, {spec.sessions_per_pod} per pod"))  # fmt: skip
+    if status.sandbox_replicas != rec.replicas:
+        kube.patch(
+            rljob_path(meta["namespace"], meta["name"]) + "/status", {"status": {"sandboxReplicas": rec.replicas}}
+        )
+    return rec.replicas
 
 
 def _decide(

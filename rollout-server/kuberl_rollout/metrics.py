@@ -25,6 +25,10 @@ class RolloutMetrics:
                                     registry=r)  # fmt: skip
         self.engine_waiting = Gauge("kuberl_rollout_engine_waiting_requests", "Requests waiting in vLLM's scheduler.",
                                     registry=r)  # fmt: skip
+        self.sandbox_session_start_seconds = Histogram(
+            "kuberl_rollout_sandbox_session_start_seconds", "Seconds to open a sandbox session for an episode.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r,
+        )  # fmt: skip
         self.policy_version = Gauge("kuberl_rollout_policy_version", "Policy version being served.", registry=r)
         self.weight_sync_seconds = Histogram(
             "kuberl_rollout_weight_sync_seconds", "Seconds to switch weights (pause to resume).",

@@ -145,6 +145,7 @@ class RolloutService:
                     env = SandboxEnvironment(
                         next(self._sandboxes), self.reward_fn, self.intermediate_rewards,
                         self.process_reward, self.process_weight,
+                        session_started=self.metrics.sandbox_session_start_seconds.observe,
                     )  # fmt: skip
                     trajectory = await self.agent.run(env, group.task, group.group_id, seed)
                 finally:

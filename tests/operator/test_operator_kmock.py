@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
+from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_sandbox.local import free_port
 
 NS = "default"
@@ -54,7 +56,8 @@ class Operator(OperatorProcess):
     def __init__(self, kubeconfig: Path, log: Path) -> None:
         self.metrics_port = free_port()
         super().__init__(kubeconfig, log, {"KUBERL_OPERATOR_INTERVAL": "1", "KUBERL_WATCH_SERVER_TIMEOUT": "60",
-                                           "KUBERL_OPERATOR_METRICS_PORT": str(self.metrics_port)})  # fmt: skip
+                                           "KUBERL_OPERATOR_METRICS_PORT": str(self.metrics_port),
+                                           "KUBERL_OPERATOR_AUTOSCALE_INTERVAL": "1"})  # fmt: skip
 
     def metrics(self) -> dict[str, float]:
         """The operator's /metrics as {'name{labels}': value}."""
@@ -295,6 +298,46 @@ def test_a_queued_job_waits_for_kueue_runs_when_admitted_and_stops_when_evicted(
     evicted = wait_phase(api, "queued", "Suspended")
     assert evicted["reason"] == "WaitingForAdmission"
     wait_for("tiers at zero", lambda: replicas(api, "queued") == {"learner": 0, "rollout": 0})
+
+
+def test_the_sandbox_tier_follows_the_rollout_tiers_demand(cluster):
+    """Two rollout servers' real metrics (RolloutMetrics, served over HTTP on the pods' IPs) report 16
+    sessions wanted; at 4 sessions a pod plus headroom that is 5 sandbox pods, asked for in one step."""
+    api, _ = cluster
+    servers = [RolloutMetrics() for _ in range(2)]
+    ports = [free_port() for _ in servers]
+    for server, port in zip(servers, ports, strict=True):
+        start_http_server(port, "127.0.0.1", registry=server.registry)
+    create_job(api, "scaled", sandbox={"minReplicas": 1, "maxReplicas": 6, "sessionsPerPod": 4})
+    wait_phase(api, "scaled", "Initializing")
+    start_pods(api, "scaled", "learner", 2)
+    start_pods(api, "scaled", "sandbox", 1)
+    for i, port in enumerate(ports):
+        start_pods(api, "scaled", "rollout", 1, first=i)
+        api.patch(f"{PODS}/scaled-rollout-{i}", {
+            "spec": {"containers": [{"name": "rollout", "ports": [{"name": "http", "containerPort": port}]}]},
+            "status": {"podIP": "127.0.0.1"}})  # fmt: skip
+    wait_phase(api, "scaled", "Running")
+    sandbox = f"/apis/apps/v1/namespaces/{NS}/deployments/scaled-sandbox"
+    time.sleep(2)
+    assert api.get(sandbox)["spec"]["replicas"] == 1  # nothing wanted yet: the minimum
+
+    servers[0].active_sessions.set(6)
+    servers[0].queued.set(2)
+    servers[1].active_sessions.set(4)
+    servers[1].queued.set(4)
+    wait_for("sandbox scaled up", lambda: api.get(sandbox)["spec"]["replicas"] == 5)
+    wait_for("status says so", lambda: status(api, "scaled").get("sandboxReplicas") == 5)
+    assert "SandboxScaled" in event_reasons(api, "scaled")
+
+    api.patch(f"{RLJOBS}/scaled", {"spec": {"sandbox": {"maxReplicas": 3}}})  # a safe change, applied at once
+    wait_for("capped at the new maximum", lambda: api.get(sandbox)["spec"]["replicas"] == 3)
+    servers[0].active_sessions.set(0)
+    servers[0].queued.set(0)
+    servers[1].active_sessions.set(0)
+    servers[1].queued.set(0)
+    time.sleep(3)  # demand gone: the scale-down waits for its stabilisation window (5 minutes)
+    assert api.get(sandbox)["spec"]["replicas"] == 3
 
 
 @pytest.mark.parametrize(
