@@ -48,6 +48,7 @@ class SessionInfo(Body):
     observation: str
     isolated: bool
     checksum: str | None = None
+    endpoint: str | None = None  # where to send this session's later calls (None: where this one went)
 
 
 class ExecRequest(Body):
@@ -200,14 +201,15 @@ def create_app(settings: SandboxSettings) -> FastAPI:
     async def create_session(body: CreateSession) -> SessionInfo:
         session = await manager.create(body.task, body.timeout)
         return SessionInfo(session_id=session.session_id, task_id=body.task.task_id,
-                           observation=initial_observation(body.task), isolated=session.identity.isolated)  # fmt: skip
+                           observation=initial_observation(body.task), isolated=session.identity.isolated,
+                           endpoint=settings.advertise_url)  # fmt: skip
 
     @app.post("/v1/sessions/restore", dependencies=auth, status_code=201)
     async def restore_session(body: RestoreSession) -> SessionInfo:
         session = await manager.restore(body.task, body.snapshot)
         return SessionInfo(session_id=session.session_id, task_id=body.task.task_id,
                            observation=initial_observation(body.task), isolated=session.identity.isolated,
-                           checksum=body.snapshot.checksum)  # fmt: skip
+                           checksum=body.snapshot.checksum, endpoint=settings.advertise_url)  # fmt: skip
 
     @app.get("/v1/sessions/{session_id}", dependencies=auth)
     async def describe_session(session_id: str) -> dict[str, Any]:

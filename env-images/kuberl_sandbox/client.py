@@ -25,22 +25,27 @@ class SandboxError(RuntimeError):
 
 
 class SandboxClient:
-    """The HTTP API of one sandbox server."""
+    """The HTTP API of sandbox servers behind one address. A session lives in the memory and disk of the
+    server that opened it; when that server names its own endpoint (behind a load-balanced Service, its
+    pod), the session's later calls go there."""
 
     def __init__(self, base_url: str, token: str, http: httpx.AsyncClient | None = None, timeout: float = 660.0):
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.AsyncClient(timeout=timeout)
         self._owns_http = http is None
         self._headers = {"Authorization": f"Bearer {token}"}
+        self._endpoints: dict[str, str] = {}  # session id -> the server that holds it
 
     async def aclose(self) -> None:
         if self._owns_http:
             await self._http.aclose()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
-        response = await self._http.request(
-            method, self.base_url + path, json=body, params=params or None, headers=self._headers
-        )
+    async def _call(self, method: str, route: str, body: dict[str, Any] | None = None, /, **params: Any) -> Any:
+        base = self.base_url
+        if route.startswith("/v1/sessions/"):
+            base = self._endpoints.get(route.split("/")[3], base)
+        response = await self._http.request(method, base + route, json=body, params=params or None,
+                                            headers=self._headers)  # fmt: skip
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -50,11 +55,16 @@ class SandboxClient:
         return response.json() if response.content else None
 
     async def create_session(self, task: Task, timeout: float | None = None) -> dict[str, Any]:
-        return await self._call("POST", "/v1/sessions", {"task": task.to_manifest(), "timeout": timeout})
+        return self._opened(await self._call("POST", "/v1/sessions", {"task": task.to_manifest(), "timeout": timeout}))
 
     async def restore_session(self, task: Task, snapshot: Snapshot) -> dict[str, Any]:
         body = {"task": task.to_manifest(), "snapshot": snapshot.to_manifest()}
-        return await self._call("POST", "/v1/sessions/restore", body)
+        return self._opened(await self._call("POST", "/v1/sessions/restore", body))
+
+    def _opened(self, created: dict[str, Any]) -> dict[str, Any]:
+        if created.get("endpoint"):
+            self._endpoints[created["sessionId"]] = created["endpoint"].rstrip("/")
+        return created
 
     async def describe(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}")
@@ -90,7 +100,10 @@ class SandboxClient:
         return Snapshot.model_validate(await self._call("POST", f"/v1/sessions/{session_id}/snapshot"))
 
     async def close(self, session_id: str) -> None:
-        await self._call("DELETE", f"/v1/sessions/{session_id}")
+        try:
+            await self._call("DELETE", f"/v1/sessions/{session_id}")
+        finally:
+            self._endpoints.pop(session_id, None)
 
 
 class SandboxEnvironment:

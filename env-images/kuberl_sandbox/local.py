@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from kuberl_sandbox.settings import ADVERTISE_ENV
+
 
 @dataclass(frozen=True)
 class SandboxEndpoint:
@@ -35,14 +37,15 @@ def free_port() -> int:
 
 @contextmanager
 def local_sandbox(
-    max_sessions: int = 2048, ready_timeout: float = 30.0, session_timeout: str = "30m"
+    max_sessions: int = 2048, ready_timeout: float = 30.0, session_timeout: str = "30m", token: str | None = None
 ) -> Iterator[SandboxEndpoint]:
-    """A `kuberl sandbox` process on 127.0.0.1 with a fresh root folder and token, stopped on exit."""
+    """A `kuberl sandbox` process on 127.0.0.1 with a fresh root folder and token (or the one given: servers
+    of one job share it), advertising its own URL, stopped on exit."""
     base = Path(tempfile.mkdtemp(prefix="kuberl-sbx-", dir="/tmp"))  # /tmp: reachable by session users
     os.chmod(base, 0o711)
-    token, port = secrets.token_hex(16), free_port()
+    token, port = token or secrets.token_hex(16), free_port()
     log = base / "server.log"
-    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token}
+    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
     argv = [sys.executable, "-m", "kuberl.cli", "sandbox", "--host", "127.0.0.1", "--port", str(port),
             "--root", str(base / "sessions"), "--max-sessions", str(max_sessions),
             "--session-timeout", session_timeout]  # fmt: skip

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TOKEN_ENV = "KUBERL_SANDBOX_TOKEN"
+ADVERTISE_ENV = "KUBERL_SANDBOX_ADVERTISE_URL"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class SandboxSettings:
     """Commands running at once; the rest wait (backpressure instead of an overloaded machine)."""
     max_body_bytes: int = 16 << 20
     """Largest request body; larger ones get 413."""
+    advertise_url: str | None = None
+    """This server's own address (in Kubernetes its pod IP), returned with every session it opens: callers
+    send the session's later calls there, so sessions work behind a load-balanced Service."""
     uid_base: int = 200_000
     """First user id handed to sessions; each session gets its own unprivileged uid."""
     uid_span: int = 1_000_000
@@ -71,7 +75,9 @@ class SandboxSettings:
         root_path = Path(root or os.environ.get("KUBERL_SANDBOX_ROOT", "/tmp/kuberl-sandbox"))
         python = os.environ.get("KUBERL_SANDBOX_PYTHON") or _find_python()
         shared = os.environ.get("KUBERL_SANDBOX_ALLOW_SHARED_USER", "") in ("1", "true", "yes")
-        return SandboxSettings(root=root_path, token=token, python=python, allow_shared_user=shared)
+        advertise = os.environ.get(ADVERTISE_ENV) or None
+        return SandboxSettings(root=root_path, token=token, python=python, allow_shared_user=shared,
+                               advertise_url=advertise)  # fmt: skip
 
 
 def _find_python() -> str:

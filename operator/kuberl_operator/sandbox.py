@@ -10,11 +10,10 @@ from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env, tier_service
 from kuberl_operator.rollout import SANDBOX_PORT
 from kuberl_operator.security import sandbox_container_security_context, sandbox_pod_security_context
+from kuberl_sandbox.settings import ADVERTISE_ENV
 
 WORKSPACE_DIR = "/workspace"
 SESSIONS_DIR = f"{WORKSPACE_DIR}/sessions"  # KUBERL_SANDBOX_ROOT of the sandbox image
-# Client affinity pins a rollout pod to one sandbox pod for this long (Kubernetes' maximum is a day).
-AFFINITY_SECONDS = 86400
 
 
 def sandbox_replicas(job: RLJob) -> int:
@@ -23,15 +22,15 @@ def sandbox_replicas(job: RLJob) -> int:
 
 
 def sandbox_max_sessions(job: RLJob) -> int:
-    """Sessions one server accepts: as `kuberl run` does, at least one rollout server's concurrent
-    sessions, because client affinity (see build_sandbox_service) can send all of them to one pod."""
-    return max(job.spec.sandbox.sessions_per_pod, job.spec.rollout.concurrent_sessions)
+    """Sessions one server accepts: twice the sessionsPerPod the autoscaler sizes the tier for, because the
+    Service spreads new sessions at random, not by load, so a pod can be handed more than its share."""
+    return 2 * job.spec.sandbox.sessions_per_pod
 
 
 def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
-    """A session lives in one sandbox pod's memory and workspace, so every call of a session must reach
-    the pod that created it. ClientIP affinity guarantees that for each rollout pod, at the price of each
-    rollout pod using one sandbox pod at a time."""
+    """Load-balanced over the sandbox pods for opening sessions. A session lives in one pod's memory and
+    workspace: the pod answers with its own address (KUBERL_SANDBOX_ADVERTISE_URL) and the rollout pod
+    sends the session's later calls there, so every sandbox pod the autoscaler adds takes new sessions."""
     return tier_service(
         job,
         SANDBOX,
@@ -40,8 +39,6 @@ def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
         {
             "type": "ClusterIP",
             "selector": selector_labels(job, SANDBOX),
-            "sessionAffinity": "ClientIP",
-            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": AFFINITY_SECONDS}},
             "ports": [{"name": "http", "port": SANDBOX_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     )
@@ -62,7 +59,11 @@ def build_sandbox_deployment(
         "name": SANDBOX,
         "image": spec.image,
         "command": argv,
-        "env": [sandbox_token_env(sandbox_token_secret), *env_list({"PYTHONUNBUFFERED": "1"})],
+        "env": [
+            sandbox_token_env(sandbox_token_secret),
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *env_list({ADVERTISE_ENV: f"http://$(POD_IP):{SANDBOX_PORT}", "PYTHONUNBUFFERED": "1"}),
+        ],
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
         "resources": resources(spec.resources),
         "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
