@@ -179,15 +179,28 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
 @click.option("--run-dir", default=None, help="Where the run's files go [runs/<job>].")
 @click.option("--evaluate/--no-evaluate", default=True, show_default=True,
               help="Measure the held-out solve rate (environment.tasks.evalSplit) before and after RL.")  # fmt: skip
-def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool) -> None:
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve the job-level metrics (phase, step, reward, restarts, ...) that the operator exports "
+                   "in a cluster on 127.0.0.1:PORT/metrics [none].")  # fmt: skip
+@click.option("--metrics-linger", default="0s", show_default=True,
+              help="Serve the job metrics this long after the job ends (a scraper sees its final phase).")  # fmt: skip
+def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool, metrics_port: int | None,
+                metrics_linger: str) -> None:  # fmt: skip
     """Run the whole RLJob on this machine: sandbox servers, rollout servers (vLLM) and the learner as
-    local processes, supervised like the operator would, with progress, breakers and a learning curve."""
+    local processes, supervised like the operator would, with progress, breakers and a learning curve.
+    RUN_DIR/prometheus_targets.json lists every /metrics endpoint (Prometheus file_sd format). The sandbox
+    servers take their token from KUBERL_SANDBOX_TOKEN when it is set (else a new one per run)."""
     from pathlib import Path
 
+    from kuberl.api.types import parse_duration
     from kuberl.local.runner import RunError, run_job
     from kuberl.storage import LocalCopyError, check_model_folder, local_copy
     from kuberl.validation import ManifestError, load_rljob
 
+    try:
+        linger_s = parse_duration(metrics_linger)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--metrics-linger") from None
     try:
         job = load_rljob(job_file)
         model = str(local_copy(job.spec.model.uri))
@@ -219,7 +232,8 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
 
     try:
         record = run_job(job, Path(job_file), Path(run_dir or f"runs/{job.name}"), model, resume, warm_up=warm_up,
-                         evaluate=solve_rate if evaluate and held_out else None)  # fmt: skip
+                         evaluate=solve_rate if evaluate and held_out else None, metrics_port=metrics_port,
+                         metrics_linger_s=linger_s)  # fmt: skip
     except RunError as err:
         raise click.UsageError(str(err)) from None
     click.echo(f"\n{job.name}: {record.phase}" + (f" ({record.reason})" if record.reason else "")

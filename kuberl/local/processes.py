@@ -1,5 +1,5 @@
 """What `kuberl run` starts for a job: the same entrypoints as the operator's pods, as local processes.
-A pure function from the job to process specs (argv, env, readiness URL); no I/O."""
+Pure functions from the job to process specs (argv, env, readiness URL) and to their metrics endpoints."""
 
 from __future__ import annotations
 
@@ -69,3 +69,18 @@ def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Port
     env = {"OMP_NUM_THREADS": str(max(1, cpus // ranks)), "HF_HUB_OFFLINE": "1"}
     out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log"))
     return out
+
+
+def prometheus_targets(job: RLJob, ports: Ports, job_metrics_port: int | None = None) -> list[dict]:
+    """Every /metrics endpoint of a local run in Prometheus' file_sd format, labelled as a PodMonitor labels
+    a job's pods in a cluster: `namespace`, `rljob`, `tier`, and `pod` (the process name). The job-level
+    metrics (`kuberl run --metrics-port`) carry `namespace` and `rljob` themselves, so that target has none."""
+    ids = {"namespace": job.metadata.namespace or "default", "rljob": job.name}
+    endpoints = [(f"sandbox-{i}", "sandbox", p) for i, p in enumerate(ports.sandboxes)]
+    endpoints += [(f"rollout-{i}", "rollout", p) for i, p in enumerate(ports.rollouts)]
+    endpoints.append(("learner", "learner", ports.learner_metrics))
+    targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {**ids, "tier": tier, "pod": name}}
+               for name, tier, port in endpoints]  # fmt: skip
+    if job_metrics_port:
+        targets.append({"targets": [f"127.0.0.1:{job_metrics_port}"], "labels": {"pod": "kuberl-run"}})
+    return targets

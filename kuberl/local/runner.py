@@ -6,7 +6,9 @@ restarts crashed processes with back-off against limits.retryBudget, enforces th
 no-progress breakers from outside (the learner enforces max steps, non-finite loss and its own
 wall clock, and writes a final checkpoint whenever it stops), stops cleanly on Ctrl-C, shows progress,
 and leaves in `runs/<job>/`: metrics.jsonl, status.json (the learner's), job.json (the run's outcome,
-restarts and process events), learning_curve.png, logs/ and checkpoints.
+restarts and process events), prometheus_targets.json (every /metrics endpoint of the run, with the labels a
+PodMonitor gives them in a cluster), learning_curve.png, logs/ and checkpoints. With a metrics port it also
+serves the job-level metrics (kuberl.job_metrics) that the operator exports for a job in a cluster.
 """
 
 from __future__ import annotations
@@ -21,17 +23,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, start_http_server
+from pydantic import ValidationError
+
 from kuberl.api.rljob import RLJob
-from kuberl.api.status import Phase, Reason
+from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
 from kuberl.api.types import parse_duration
+from kuberl.job_metrics import JobMetrics
 from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import Ports, local_replicas, plan
+from kuberl.local.processes import Ports, local_replicas, plan, prometheus_targets
 from kuberl.local.progress import ProgressPrinter, progress_line
 from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
 from kuberl_sandbox.local import free_port
 
 POLL_S = 0.5
 STOP_GRACE_S = 300.0  # a learner's final checkpoint of a large model takes a while
+TARGETS_FILE = "prometheus_targets.json"
+# The reason of each phase the runner itself is in (a stopped job's reason is its Stop's).
+_RUNNER_REASONS = {Phase.PENDING: Reason.CREATED, Phase.INITIALIZING: Reason.CREATING_WORKERS,
+                   Phase.RUNNING: Reason.TRAINING, Phase.RECOVERING: Reason.WORKER_LOST}  # fmt: skip
 
 
 class RunError(RuntimeError):
@@ -68,15 +78,54 @@ class Stop:
     message: str
 
 
+class RunMetrics:
+    """`kuberl run --metrics-port`: this job's job-level metrics (kuberl.job_metrics, the ones the operator
+    exports in a cluster) from the learner's status.json and the runner's own phase, restarts and ready
+    processes, on http://ADDRESS:PORT/metrics."""
+
+    def __init__(self, job: RLJob, run_dir: Path, port: int, address: str = "127.0.0.1") -> None:
+        self.namespace, self.name = job.metadata.namespace or "default", job.name
+        self.run_dir, self.learner_ranks = run_dir, job.spec.learner.replicas
+        self.sandboxes = local_replicas(job)[0]  # what the runner starts: its "autoscaler" never changes it
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.jobs = JobMetrics(self.registry)
+        self.server, _ = start_http_server(port, address, registry=self.registry)
+
+    def publish(self, phase: Phase, running_s: float, supervisor: Supervisor | None = None,
+                stop: Stop | None = None) -> None:  # fmt: skip
+        """The job's status now: the learner's report with the runner's phase (a stop's phase and reason)."""
+        try:
+            status = RLJobStatus.model_validate(_learner_status(self.run_dir))
+        except ValidationError:  # an older learner's file; its step is not worth failing the run for
+            status = RLJobStatus()
+        update = {"phase": phase, "reason": _RUNNER_REASONS.get(phase), "message": None, "running_seconds": running_s,
+                  "sandbox_replicas": self.sandboxes}  # fmt: skip
+        if stop is not None:
+            update.update(phase=stop.phase, reason=stop.reason, message=stop.message)
+        if supervisor is not None:
+            ready = {tier: 0 for tier in ("learner", "rollout", "sandbox")}
+            for name, managed in supervisor.managed.items():
+                if supervisor.running(name):
+                    ready[managed.spec.tier] += self.learner_ranks if managed.spec.tier == "learner" else 1
+            update.update(restarts=PerTier(**supervisor.restarts), ready_workers=PerTier(**ready))
+        self.jobs.observe(self.namespace, self.name, status.model_copy(update=update))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: bool = False,
             out: ProgressPrinter | None = None, on_step: Callable[[dict, Supervisor], None] | None = None,
             warm_up: Callable[[str, str, str, str], str] | None = None,
-            evaluate: Callable[[list[str]], float] | None = None) -> RunRecord:  # fmt: skip
+            evaluate: Callable[[list[str]], float] | None = None, metrics_port: int | None = None,
+            metrics_linger_s: float = 0.0) -> RunRecord:  # fmt: skip
     """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
     line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
     token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder.
     `evaluate(rollout_urls)` measures the held-out solve rate of what the rollout servers serve: before
-    RL (after the warm-up) and after it, while no learner uses them."""
+    RL (after the warm-up) and after it, while no learner uses them. `metrics_port` serves the job-level
+    metrics (RunMetrics), the final status `metrics_linger_s` longer after the job ends (for a scraper)."""
     out = out or ProgressPrinter()
     record_file = run_dir / "job.json"
     if (record_file.exists() or (run_dir / "metrics.jsonl").exists()) and not resume:
@@ -86,7 +135,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
     record = RunRecord.load(record_file) if record_file.exists() else RunRecord(job.name)
     record.runs += 1
     spec = job.spec
-    token = secrets.token_hex(16)
+    token = os.environ.get("KUBERL_SANDBOX_TOKEN") or secrets.token_hex(16)  # set: to reach the sandboxes too
     sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir="/tmp"))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     sandboxes, rollouts, _ = local_replicas(job)
@@ -94,57 +143,79 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
     started = time.monotonic()
     job_started_at = time.time() - record.elapsed_s  # the learner's wall clock continues across runs
     stop_requested: list[str] = []
+    elapsed_before = record.elapsed_s
+    (run_dir / TARGETS_FILE).write_text(json.dumps(prometheus_targets(job, ports, metrics_port), indent=1))
+    metrics = RunMetrics(job, run_dir, metrics_port) if metrics_port else None
+
+    def publish(phase: Phase, supervisor: Supervisor | None = None, stop: Stop | None = None) -> None:
+        if metrics is not None:
+            metrics.publish(phase, elapsed_before + time.monotonic() - started, supervisor, stop)
 
     def on_signal(signum, frame) -> None:
         stop_requested.append(signal.Signals(signum).name)
 
-    previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    if warm_up is not None:  # the rollout servers and the learner start from the warmed-up model
-        model_path = _warm_up_stage(run_dir, model_path, warm_up, out)
-    specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1)
-    supervisor = Supervisor(specs, spec.limits.retry_budget, log=out.message)
-    stop: Stop | None = None
-    try:
-        for s in specs:
-            if s.tier == "sandbox":
-                supervisor.start(s.name)
-        for s in specs:
-            if s.tier == "rollout":
-                out.message(f"starting {s.name} (vLLM; about 20 seconds on CPU)")
-                supervisor.start(s.name)
-        urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
-        if evaluate is not None and "before RL" not in record.evaluations:
-            out.message("evaluating the held-out tasks before RL ...")
-            record.evaluations["before RL"] = evaluate(urls)
-            out.message(f"held-out solve rate before RL: {record.evaluations['before RL']:.2f}")
-        learner = next(s for s in specs if s.tier == "learner")
-        learner.env["KUBERL_JOB_STARTED_AT"] = str(job_started_at)
-        supervisor.start(learner.name)
-        out.message(f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
-                    f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}")  # fmt: skip
-        stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step)
-        if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
-            out.message("evaluating the held-out tasks after RL ...")
-            record.evaluations["after RL"] = evaluate(urls)
-            out.message(f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
-                        f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})")  # fmt: skip
-    except RetryBudgetExhausted as err:
-        stop = Stop(Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, str(err))
+    if metrics is not None:
+        out.message(f"job metrics on http://127.0.0.1:{metrics_port}/metrics (every endpoint: {TARGETS_FILE})")
+    publish(Phase.INITIALIZING)
+    try:  # the metrics server stops however the run ends
+        previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        if warm_up is not None:  # the rollout servers and the learner start from the warmed-up model
+            model_path = _warm_up_stage(run_dir, model_path, warm_up, out)
+        specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1)
+        supervisor = Supervisor(specs, spec.limits.retry_budget, log=out.message)
+        stop: Stop | None = None
+        try:
+            for s in specs:
+                if s.tier == "sandbox":
+                    supervisor.start(s.name)
+                    publish(Phase.INITIALIZING, supervisor)
+            for s in specs:
+                if s.tier == "rollout":
+                    out.message(f"starting {s.name} (vLLM; about 20 seconds on CPU)")
+                    supervisor.start(s.name)
+                    publish(Phase.INITIALIZING, supervisor)
+            urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
+            if evaluate is not None and "before RL" not in record.evaluations:
+                out.message("evaluating the held-out tasks before RL ...")
+                record.evaluations["before RL"] = evaluate(urls)
+                out.message(f"held-out solve rate before RL: {record.evaluations['before RL']:.2f}")
+            learner = next(s for s in specs if s.tier == "learner")
+            learner.env["KUBERL_JOB_STARTED_AT"] = str(job_started_at)
+            supervisor.start(learner.name)
+            out.message(f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
+                        f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}")  # fmt: skip
+            stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step, publish)
+            publish(stop.phase, supervisor, stop)
+            if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
+                out.message("evaluating the held-out tasks after RL ...")
+                record.evaluations["after RL"] = evaluate(urls)
+                out.message(f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
+                            f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})")  # fmt: skip
+        except RetryBudgetExhausted as err:
+            stop = Stop(Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, str(err))
+        finally:
+            if stop is not None:
+                publish(stop.phase, supervisor, stop)
+            supervisor.stop_all()
+            for s, handler in previous_handlers.items():
+                signal.signal(s, handler)
+            record.elapsed_s += time.monotonic() - started
+            record.restarts = dict(supervisor.restarts)
+            record.events += supervisor.events
+            if stop is not None:
+                record.phase, record.message = str(stop.phase), stop.message
+                record.reason = str(stop.reason) if stop.reason else None
+            record.step = _learner_status(run_dir).get("step", record.step)
+            record.save(record_file)
+            plot_learning_curve(_lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve",
+                                record.evaluations)  # fmt: skip
+            if metrics is not None and stop is not None:
+                publish(stop.phase, supervisor, stop)  # with the ready processes at zero
+                time.sleep(metrics_linger_s)  # the final status stays up for a last scrape
+        return record
     finally:
-        supervisor.stop_all()
-        for s, handler in previous_handlers.items():
-            signal.signal(s, handler)
-        record.elapsed_s += time.monotonic() - started
-        record.restarts = dict(supervisor.restarts)
-        record.events += supervisor.events
-        if stop is not None:
-            record.phase, record.message = str(stop.phase), stop.message
-            record.reason = str(stop.reason) if stop.reason else None
-        record.step = _learner_status(run_dir).get("step", record.step)
-        record.save(record_file)
-        plot_learning_curve(_lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve",
-                            record.evaluations)  # fmt: skip
-    return record
+        if metrics is not None:
+            metrics.close()
 
 
 def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter) -> str:
@@ -161,8 +232,9 @@ def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter
 
 
 def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecord, started: float,
-             stop_requested: list[str], out: ProgressPrinter, on_step) -> Stop:  # fmt: skip
-    """Watch the learner until it stops (or a breaker or a signal stops it)."""
+             stop_requested: list[str], out: ProgressPrinter, on_step, publish) -> Stop:  # fmt: skip
+    """Watch the learner until it stops (or a breaker or a signal stops it); `publish(phase, supervisor)`
+    is told the job's phase on every poll (Recovering while a crashed process waits to restart)."""
     limits = job.spec.limits
     wall_clock, no_progress = parse_duration(limits.max_wall_clock), parse_duration(limits.no_progress_timeout)
     total = min(job.spec.training.total_steps, limits.max_steps or job.spec.training.total_steps)
@@ -191,6 +263,8 @@ def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecor
             if on_step is not None:
                 on_step(line, supervisor)
         seen = len(lines)
+        down = any(not supervisor.running(name) for name in supervisor.managed)
+        publish(Phase.RECOVERING if down else Phase.RUNNING, supervisor)
         if breaker is None:
             elapsed = record.elapsed_s + time.monotonic() - started
             if stop_requested:
