@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import SandboxAutoscaler
 from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.learner import build_learner_service, build_learner_statefulset
@@ -15,7 +16,7 @@ from kuberl_operator.network_policy import build_sandbox_network_policy
 from kuberl_operator.queueing import build_workload
 from kuberl_operator.rbac import build_role, build_role_binding, build_service_account
 from kuberl_operator.rollout import build_rollout_service, build_rollout_statefulset
-from kuberl_operator.sandbox import build_sandbox_deployment, build_sandbox_service
+from kuberl_operator.sandbox import build_sandbox_deployment, build_sandbox_hpa, build_sandbox_service
 from kuberl_operator.secret import sandbox_token_secret_name
 
 DEFAULT_NAMESPACE = "default"
@@ -57,6 +58,7 @@ def desired_objects(
         build_rollout_pdb(job, namespace, owner),
         build_learner_pdb(job, namespace, owner),
         *workloads,
+        *([build_sandbox_hpa(job, namespace, owner)] if job.spec.sandbox.autoscaler == SandboxAutoscaler.HPA else []),
     ]
 
 

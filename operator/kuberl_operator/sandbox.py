@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.api.rljob import RLJob
+from kuberl_operator.autoscale import ScalingPolicy
 from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta, selector_labels
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env, tier_service
@@ -93,3 +94,40 @@ def build_sandbox_deployment(
             "template": {"metadata": {"labels": common_labels(job, SANDBOX)}, "spec": pod_spec},
         },
     }
+
+
+# The External metric an HPA scales the sandbox tier on (`spec.sandbox.autoscaler: hpa`): the rollout tier's
+# sessions wanted per job, which a metrics adapter serves from Prometheus (rule in docs/operator.md).
+SESSIONS_WANTED_METRIC = "kuberl_sandbox_sessions_wanted"
+
+
+def build_sandbox_hpa(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """For clusters that prefer an HPA: the same rules as the operator's autoscaler
+    (kuberl_operator.autoscale) in HPA terms: a target of sessionsPerPod / (1 + headroom) sessions per pod,
+    scale-up at once, scale-down to the highest recommendation of 5 minutes and by at most half a minute."""
+    spec, policy = job.spec.sandbox, ScalingPolicy()
+    per_pod_milli = int(1000 * spec.sessions_per_pod / (1 + policy.headroom))
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": object_meta(job, child_name(job, SANDBOX), SANDBOX, namespace, owner),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": child_name(job, SANDBOX)},
+            "minReplicas": max(1, spec.min_replicas),  # an HPA cannot hold zero pods
+            "maxReplicas": spec.max_replicas,
+            "metrics": [{
+                "type": "External",
+                "external": {
+                    "metric": {"name": SESSIONS_WANTED_METRIC, "selector": {"matchLabels": {"rljob": job.name}}},
+                    "target": {"type": "AverageValue", "averageValue": f"{per_pod_milli}m"},
+                },
+            }],
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 0,
+                            "policies": [{"type": "Percent", "value": 1000, "periodSeconds": 15}]},
+                "scaleDown": {"stabilizationWindowSeconds": int(policy.scale_down_window_s),
+                              "policies": [{"type": "Percent", "value": int(100 * policy.scale_down_max_fraction),
+                                            "periodSeconds": int(policy.scale_down_period_s)}]},
+            },
+        },
+    }  # fmt: skip

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import SandboxAutoscaler
 from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects, target_namespace
 from kuberl_operator.final_checkpoint import children_of
@@ -307,6 +308,20 @@ def test_the_config_map_holds_the_resolved_job_the_pods_read(example):
 def test_suspended_jobs_scale_every_tier_to_zero(example):
     objects = render(example.model_copy(update={"spec": example.spec.model_copy(update={"suspend": True})}))
     assert [o["spec"]["replicas"] for o in objects if o["kind"] in WORKLOADS] == [0, 0, 0]
+
+
+def test_an_hpa_scales_the_sandbox_tier_only_when_the_spec_asks_for_one(example):
+    assert not by_kind(render(example), "HorizontalPodAutoscaler")
+    sandbox = example.spec.sandbox.model_copy(update={"autoscaler": SandboxAutoscaler.HPA, "sessions_per_pod": 10})
+    objects = render(example.model_copy(update={"spec": example.spec.model_copy(update={"sandbox": sandbox})}))
+    assert_valid_kubernetes(objects)
+    hpa = one(objects, "HorizontalPodAutoscaler", "sandbox")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == one(objects, "Deployment", "sandbox")["metadata"]["name"]
+    assert hpa["spec"]["maxReplicas"] == sandbox.max_replicas
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["selector"] == {"matchLabels": {"rljob": example.name}}
+    assert metric["external"]["target"]["averageValue"] == "8000m"  # 10 sessions a pod, 25 % headroom
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
 
 
 def test_a_queued_job_is_one_kueue_workload_with_a_pod_set_per_tier():
