@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import Phase, Reason, RLJobStatus
+from kuberl.api.types import parse_duration
 
 TIERS = ("learner", "rollout", "sandbox")
 # Reasons that name a circuit breaker (kuberl.api.status.Reason): a job ending with one "tripped" it.
@@ -29,28 +31,35 @@ class JobMetrics(Collector):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._statuses: dict[tuple[str, str], RLJobStatus] = {}
+        self._specs: dict[tuple[str, str], RLJobSpec] = {}
         self._lock = threading.Lock()
         if registry is not None:
             registry.register(self)
 
-    def observe(self, namespace: str, job: str, status: RLJobStatus) -> None:
+    def observe(self, namespace: str, job: str, status: RLJobStatus, spec: RLJobSpec | None = None) -> None:
+        """The job's latest status, and its spec when known (the alerts' thresholds come from it)."""
         with self._lock:
             self._statuses[namespace, job] = status
+            if spec is not None:
+                self._specs[namespace, job] = spec
 
     def forget(self, namespace: str, job: str) -> None:
         with self._lock:
             self._statuses.pop((namespace, job), None)
+            self._specs.pop((namespace, job), None)
 
     def describe(self) -> list[Metric]:
-        return list(self._families({}))
+        return list(self._families({}, {}))
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            statuses = dict(self._statuses)
-        yield from self._families(statuses)
+            statuses, specs = dict(self._statuses), dict(self._specs)
+        yield from self._families(statuses, specs)
 
     @staticmethod
-    def _families(statuses: dict[tuple[str, str], RLJobStatus]) -> Iterator[Metric]:
+    def _families(
+        statuses: dict[tuple[str, str], RLJobStatus], specs: dict[tuple[str, str], RLJobSpec]
+    ) -> Iterator[Metric]:
         def gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"kuberl_job_{name}", doc, labels=[*_LABELS, *(extra or [])])
 
@@ -72,6 +81,10 @@ class JobMetrics(Collector):
                       ["tier", "capacity"])  # fmt: skip
         restarts = counter("restarts", "Worker restarts per tier (failures; preemptions are counted apart).", ["tier"])
         preemptions = counter("preemptions", "Spot preemptions survived (they never spend the retry budget).")
+        interval = gauge(
+            "checkpoint_interval_seconds", "The job's checkpoint interval in time (checkpoint.intervalMinutes)."
+        )
+        no_progress = gauge("no_progress_timeout_seconds", "The job's no-progress breaker (limits.noProgressTimeout).")
         trips = counter("breaker_trips", "1 once a circuit breaker has stopped the job, by the breaker.", ["reason"])
         for (namespace, job), status in sorted(statuses.items()):
             ids = [namespace, job]
@@ -100,7 +113,10 @@ class JobMetrics(Collector):
             if status.sandbox_replicas is not None:
                 sandbox_desired.add_metric(ids, status.sandbox_replicas)
             preemptions.add_metric(ids, status.preemptions)
+            if (spec := specs.get((namespace, job))) is not None:
+                interval.add_metric(ids, spec.checkpoint.interval_minutes * 60.0)
+                no_progress.add_metric(ids, parse_duration(spec.limits.no_progress_timeout))
             if status.reason in BREAKER_REASONS:
                 trips.add_metric([*ids, str(status.reason)], 1.0)
         yield from (phase, step, version, reward, tokens, staleness, running, ready, sandbox_desired, checkpoint_step,
-                    checkpoint_time, gpu, restarts, preemptions, trips)  # fmt: skip
+                    checkpoint_time, interval, no_progress, gpu, restarts, preemptions, trips)  # fmt: skip

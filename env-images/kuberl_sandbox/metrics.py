@@ -8,6 +8,8 @@ from kuberl_sandbox.execution import CommandResult
 
 disable_created_metrics()  # the *_created series double the scrape for no dashboard use
 
+COMMAND_KINDS = ("exec", "tests", "hidden_tests")
+ERROR_STATUSES = ("400", "401", "404", "409", "413", "422", "503")  # what the API answers (docs/sandbox.md)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -33,6 +35,13 @@ class SandboxMetrics:
             "kuberl_sandbox_command_output_truncated_total", "Commands killed for exceeding the output cap.", registry=r
         )
         self.errors = Counter("kuberl_sandbox_errors_total", "Requests answered with an error.", ["reason"], registry=r)
+        # every series exists from the start at 0, so rates and alerts see 0 rather than nothing
+        for kind in COMMAND_KINDS:
+            self.commands.labels(kind)
+            self.command_seconds.labels(kind)
+            self.timeouts.labels(kind)
+        for status in ERROR_STATUSES:
+            self.errors.labels(status)
 
     def observe_command(self, kind: str, result: CommandResult) -> None:
         self.commands.labels(kind).inc()

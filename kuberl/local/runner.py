@@ -84,7 +84,7 @@ class RunMetrics:
     processes, on http://ADDRESS:PORT/metrics."""
 
     def __init__(self, job: RLJob, run_dir: Path, port: int, address: str = "127.0.0.1") -> None:
-        self.namespace, self.name = job.metadata.namespace or "default", job.name
+        self.namespace, self.name, self.spec = job.metadata.namespace or "default", job.name, job.spec
         self.run_dir, self.learner_ranks = run_dir, job.spec.learner.replicas
         self.sandboxes = local_replicas(job)[0]  # what the runner starts: its "autoscaler" never changes it
         self.registry = CollectorRegistry(auto_describe=True)
@@ -108,7 +108,7 @@ class RunMetrics:
                 if supervisor.running(name):
                     ready[managed.spec.tier] += self.learner_ranks if managed.spec.tier == "learner" else 1
             update.update(restarts=PerTier(**supervisor.restarts), ready_workers=PerTier(**ready))
-        self.jobs.observe(self.namespace, self.name, status.model_copy(update=update))
+        self.jobs.observe(self.namespace, self.name, status.model_copy(update=update), self.spec)
 
     def close(self) -> None:
         self.server.shutdown()

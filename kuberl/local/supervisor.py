@@ -18,6 +18,7 @@ from kuberl.local.processes import ProcessSpec
 
 BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
 LIVENESS_PERIOD_S, LIVENESS_FAILURES = 5.0, 3
+PREEMPTION_GRACE_S = 30.0  # a GKE spot node gives 30 s of notice, AWS 2 minutes: the shorter one
 
 
 class RetryBudgetExhausted(RuntimeError):
@@ -33,6 +34,7 @@ class Managed:
     finished: bool = False  # exited and is not to be restarted (the learner's clean stop)
     live_failures: int = 0
     next_probe: float = 0.0
+    preempted_at: float | None = None  # a preemption notice was given: its exit is not a failure
 
 
 class Supervisor:
@@ -40,6 +42,7 @@ class Supervisor:
         self.managed = {s.name: Managed(s) for s in specs}
         self.retry_budget, self.log = retry_budget, log
         self.restarts: Counter[str] = Counter()  # per tier
+        self.preemptions: Counter[str] = Counter()  # per tier; never against the retry budget
         self.events: list[dict] = []  # (time, what) of every start, exit and restart, for the run's record
 
     def start(self, name: str, ready_timeout: float = 300.0) -> None:
@@ -68,10 +71,19 @@ class Supervisor:
                 m.proc = None
                 exited.append((name, code))
                 self._event(name, "exited", code=code)
+                if m.preempted_at is not None:
+                    # replaced at once (capacity elsewhere), counted apart, as the operator does for pods
+                    # with a DisruptionTarget condition
+                    m.preempted_at, m.restart_at = None, now
+                    self.preemptions[m.spec.tier] += 1
+                    self.log(f"{name} preempted; starting its replacement")
+                    continue
                 if m.spec.tier == "learner" and code == 0:
                     m.finished = True
                     continue
                 self._schedule_restart(m, f"exited with {code}")
+            elif m.proc is not None and m.preempted_at is not None and now - m.preempted_at >= PREEMPTION_GRACE_S:
+                self.signal(name, signal.SIGKILL)  # the notice ran out, as a reclaimed node's does
             elif m.proc is not None and m.spec.live_url and now >= m.next_probe:
                 self._probe(m, now)
             elif m.proc is None and m.restart_at is not None and now >= m.restart_at:
@@ -117,6 +129,16 @@ class Supervisor:
         m = self.managed[name]
         if m.proc is not None and m.proc.poll() is None:
             os.killpg(m.proc.pid, sig)
+
+    def preempt(self, name: str) -> None:
+        """A preemption notice for one process (a spot reclaim, a node drain): SIGTERM, so it stops taking
+        work and the learner moves its episodes elsewhere; killed if still running after the notice; then
+        replaced at once. Preemptions are counted apart and never spend the retry budget."""
+        m = self.managed[name]
+        if m.proc is not None and m.proc.poll() is None:
+            m.preempted_at = time.monotonic()
+            self._event(name, "preempted")
+            self.signal(name, signal.SIGTERM)
 
     def kill(self, name: str) -> None:
         """SIGKILL a process (fault injection and tests); the next poll restarts it."""

@@ -166,4 +166,8 @@ def delete(body: kopf.Body, retry: int, logger: kopf.Logger, **_: Any) -> None:
 
 
 def _export(body: kopf.Body, status: RLJobStatus) -> None:
-    metrics.jobs.observe(body["metadata"]["namespace"], body["metadata"]["name"], status)
+    try:
+        spec = reconcile.parse_job(dict(body)).spec
+    except ValidationError:
+        spec = None  # an invalid job: its status says so, its thresholds are unknown
+    metrics.jobs.observe(body["metadata"]["namespace"], body["metadata"]["name"], status, spec)

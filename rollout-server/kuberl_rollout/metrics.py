@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from kuberl.api.trajectory import FinishReason
+
 disable_created_metrics()
 _TURN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -21,6 +23,8 @@ class RolloutMetrics:
         self.trajectories = Counter(
             "kuberl_rollout_trajectories_total", "Finished trajectories by finish reason.", ["reason"], registry=r
         )
+        for reason in (*FinishReason, "cancelled"):  # from the start at 0: failure rates are 0, not absent
+            self.trajectories.labels(str(reason))
         self.kv_cache_usage = Gauge("kuberl_rollout_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use.",
                                     registry=r)  # fmt: skip
         self.engine_waiting = Gauge("kuberl_rollout_engine_waiting_requests", "Requests waiting in vLLM's scheduler.",

@@ -102,6 +102,7 @@ def tier_expositions() -> dict[str, tuple[str, dict[str, tuple[str, ...]]]]:
 def job_metrics_registry(job_metrics_class):
     from prometheus_client import CollectorRegistry
 
+    from kuberl.api.spec import RLJobSpec
     from kuberl.api.status import RLJobStatus
 
     registry = CollectorRegistry(auto_describe=True)
@@ -113,7 +114,7 @@ def job_metrics_registry(job_metrics_class):
         "gpuHoursByTier": {"learner": 1.0}, "spotGpuHoursByTier": {"learner": 0.5}, "preemptions": 1,
         "restarts": {"rollout": 1}, "readyWorkers": {"learner": 1, "rollout": 1, "sandbox": 1}, "sandboxReplicas": 2,
     })  # fmt: skip
-    jobs.observe("ml", "every-field", status)
+    jobs.observe("ml", "every-field", status, RLJobSpec())
     return registry
 
 
