@@ -1,5 +1,5 @@
 """The dashboards and alerts against a real Prometheus that scrapes a real `kuberl run` of a short job (tiny
-random Llama, 3 steps, stopped by its maxSteps breaker) and a real operator driving a job on the emulated
+random Llama, 12 steps, stopped by its maxSteps breaker) and a real operator driving a job on the emulated
 API server: every dashboard query returns data, every alert expression evaluates and each metric selector in it
 returns data, the series carry the labels docs/metrics.md promises, and `promtool check metrics` passes on every
 part's real /metrics text."""
@@ -74,7 +74,9 @@ class LiveRun:
 def live(tmp_path_factory: pytest.TempPathFactory, operator: OperatorEndpoint) -> Iterator[LiveRun]:
     folder = tmp_path_factory.mktemp("live")
     model = build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=4)
-    spec = tiny_job_spec(model, checkpoint={"intervalSteps": 1}, limits={"maxSteps": 3})
+    # 12 steps: long enough for the test to read every part's /metrics while the run is alive (a step of the
+    # tiny model takes well under a second)
+    spec = tiny_job_spec(model, training={"totalSteps": 12}, checkpoint={"intervalSteps": 1}, limits={"maxSteps": 12})
     manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
                 "metadata": {"name": RLJOB, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
     (folder / "job.yaml").write_text(yaml.safe_dump(manifest))
@@ -90,10 +92,17 @@ def live(tmp_path_factory: pytest.TempPathFactory, operator: OperatorEndpoint) -
         wait_for(lambda: targets_file.exists() or run.poll() is not None, 60, "prometheus_targets.json")
         prometheus, url = start_prometheus(folder, targets_file, operator.port)
         result = LiveRun(url, time.time())
+        targets = json.loads(targets_file.read_text())
+        sandbox = next(t["targets"][0] for t in targets if t["labels"]["pod"] == "sandbox-0")
+        wait_for(lambda: _ready(f"http://{sandbox}/readyz") or run.poll() is not None, 60, "the sandbox")
+        # Prometheus sees the sandbox's counters at 0 before the commands, so that their rates have an increase
+        scraped = lambda: httpx.get(f"{url}/api/v1/query", params={"query": "kuberl_sandbox_commands_total"},  # noqa: E731
+                                    timeout=10).json()["data"]["result"]  # fmt: skip
+        wait_for(lambda: scraped() or run.poll() is not None, 60, "a scrape of the sandbox")
+        drive_the_sandbox(sandbox, token)  # the sandbox starts first: no need to wait for training
         # every part's /metrics text once the first step is done (all of them are up then)
         wait_for(lambda: (run_dir / "metrics.jsonl").exists() or run.poll() is not None, RUN_TIMEOUT_S, "a step")
-        targets = json.loads(targets_file.read_text())
-        drive_the_sandbox(next(t["targets"][0] for t in targets if t["labels"]["pod"] == "sandbox-0"), token)
+        assert run.poll() is None, "the run ended before its metrics could be read: " + (folder / "run.log").read_text()
         for target in targets:
             result.texts[target["labels"]["pod"]] = httpx.get(f"http://{target['targets'][0]}/metrics").text
         result.texts["operator"] = operator.metrics_text()
@@ -145,6 +154,13 @@ def start_prometheus(folder: Path, targets_file: Path, operator_port: int) -> tu
     wait_for(ready, 30, "prometheus")
     assert process.poll() is None, (folder / "prometheus.log").read_text()
     return process, url
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def drive_the_sandbox(address: str, token: str) -> None:
