@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import yaml
+from kubernetes.client.rest import ApiException
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec
@@ -69,12 +70,12 @@ def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down
         kube.create(_with_uid(secret))
         written.append(f"Secret/{secret['metadata']['name']}")
     for obj in desired_objects(job, namespace, owner=owner):
-        if new and kube.create(_with_uid(obj), exist_ok=True) is not None:
+        if new and _create(kube, obj, exist_ok=True) is not None:
             written.append(f"{obj['kind']}/{obj['metadata']['name']}")
             continue
         existing = kube.get(object_path(obj))
         if existing is None:
-            kube.create(_with_uid(obj))
+            _create(kube, obj)
         elif obj["kind"] in CREATE_ONLY:
             continue
         elif not contains(existing, obj := _keep_autoscaled_replicas(job, existing, obj, scaled_down)):
@@ -108,6 +109,19 @@ def delete_children(kube: Kube, job: RLJob, namespace: str) -> list[str]:
         if kube.delete(object_path(obj)):
             gone.append(f"{obj['kind']}/{obj['metadata']['name']}")
     return gone
+
+
+def _create(kube: Kube, obj: dict[str, Any], exist_ok: bool = False) -> dict[str, Any] | None:
+    try:
+        return kube.create(_with_uid(obj), exist_ok=exist_ok)
+    except ApiException as err:
+        if obj["kind"] == "Workload" and err.status in (403, 404):
+            raise RuntimeError(
+                f"spec.scheduling.queueName is set, but creating the Kueue Workload was refused ({err.status}): "
+                "install Kueue and let the operator create Workloads (the chart's kueue.enabled), or remove "
+                "queueName from the RLJob"
+            ) from err
+        raise
 
 
 def _with_uid(obj: dict[str, Any]) -> dict[str, Any]:

@@ -134,3 +134,31 @@ def test_applied_spec_reads_back_the_config_map():
     job = RLJob.model_validate({"metadata": {"name": "j"}, "spec": {"rollout": {"replicas": 3}}})
     assert applied_spec(build_config_map(job, "ns", None)) == job.spec
     assert applied_spec(None) is None
+
+
+def test_a_queued_job_without_kueue_fails_its_apply_with_what_to_do():
+    """The API server refuses the Workload (no Kueue CRD: 404; no RBAC: 403): the error names the field."""
+    from kubernetes.client.rest import ApiException
+
+    from kuberl_operator.apply import apply_children
+    from kuberl_operator.kube import Kube
+
+    class NoKueue(Kube):
+        def __init__(self) -> None:
+            self.created: list[str] = []
+
+        def create(self, obj, exist_ok=False):
+            if obj["kind"] == "Workload":
+                raise ApiException(status=404, reason="Not Found")
+            self.created.append(obj["kind"])
+            return obj
+
+    job = RLJob.model_validate({"metadata": {"name": "j"}, "spec": {"scheduling": {"queueName": "team-a"}}})
+    kube = NoKueue()
+    try:
+        apply_children(kube, job, "default", "uid-1", scaled_down=True, new=True)
+    except RuntimeError as err:
+        assert "spec.scheduling.queueName" in str(err) and "kueue.enabled" in str(err)
+    else:
+        raise AssertionError("the apply went on without the Workload")
+    assert "StatefulSet" not in kube.created  # nothing that runs pods was created before admission was possible
