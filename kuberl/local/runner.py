@@ -60,6 +60,7 @@ class RunRecord:
     elapsed_s: float = 0.0  # wall clock spent by every run of this job so far (what maxWallClock limits)
     runs: int = 0
     restarts: dict[str, int] = field(default_factory=dict)
+    preemptions: dict[str, int] = field(default_factory=dict)  # per tier; never against the retry budget
     evaluations: dict[str, float] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)
 
@@ -107,7 +108,8 @@ class RunMetrics:
             for name, managed in supervisor.managed.items():
                 if supervisor.running(name):
                     ready[managed.spec.tier] += self.learner_ranks if managed.spec.tier == "learner" else 1
-            update.update(restarts=PerTier(**supervisor.restarts), ready_workers=PerTier(**ready))
+            update.update(restarts=PerTier(**supervisor.restarts), ready_workers=PerTier(**ready),
+                          preemptions=sum(supervisor.preemptions.values()))  # fmt: skip
         self.jobs.observe(self.namespace, self.name, status.model_copy(update=update), self.spec)
 
     def close(self) -> None:
@@ -201,6 +203,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
                 signal.signal(s, handler)
             record.elapsed_s += time.monotonic() - started
             record.restarts = dict(supervisor.restarts)
+            record.preemptions = dict(supervisor.preemptions)
             record.events += supervisor.events
             if stop is not None:
                 record.phase, record.message = str(stop.phase), stop.message

@@ -45,6 +45,7 @@ def test_preempted_rollout_servers_cost_no_step_and_no_trajectory(tmp_path):
     assert (record.phase, record.reason, record.step) == ("Succeeded", "Completed", STEPS), record.message
     # retryBudget 0: a single restart counted as a failure would have failed the job
     assert not any(record.restarts.values()), record.restarts
+    assert record.preemptions == {"rollout": 2}
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(1, STEPS + 1))  # every step once, none redone
     assert all(line["trajectories"] == 4 for line in lines)  # every trajectory of every step trained
