@@ -39,6 +39,8 @@ AUTOSCALE_INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_AUTOSCALE_INTERVAL"
 _LIVE_PHASES = frozenset({Phase.INITIALIZING, Phase.RUNNING, Phase.RECOVERING})
 KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
 PostEvent = Callable[[Event], None]
+_PARSED_MAX = 4096
+_parsed: dict[tuple[str, str], RLJob] = {}  # (uid, resourceVersion) -> the job as parsed (never mutated)
 _STATUS_KEYS = {f.alias or name for name, f in RLJobStatus.model_fields.items()}
 
 
@@ -78,7 +80,21 @@ def fresh(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_job(body: dict[str, Any]) -> RLJob:
-    """The RLJob, validated with the project's models (status and server metadata set aside)."""
+    """The RLJob, validated with the project's models (status and server metadata set aside). Parsed once
+    per stored version (uid, resourceVersion): an observation of a thousand unchanged jobs reuses them."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("uid"), meta.get("resourceVersion"))
+    if None not in key and (job := _parsed.get(key)) is not None:
+        return job
+    job = _parse(body)
+    if None not in key:
+        if len(_parsed) >= _PARSED_MAX:
+            _parsed.clear()  # old versions are never asked for again; a full clear is the cheap bound
+        _parsed[key] = job
+    return job
+
+
+def _parse(body: dict[str, Any]) -> RLJob:
     meta = body.get("metadata") or {}
     manifest = {k: body[k] for k in ("apiVersion", "kind", "spec") if k in body}
     manifest["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
