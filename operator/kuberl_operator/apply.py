@@ -22,8 +22,9 @@ from kuberl_operator.secret import build_sandbox_token_secret
 # A running learner cannot switch model or algorithm without starting over: its checkpoints, optimizer
 # state and published weights all belong to the old ones. Replica counts and limits can change.
 UNSAFE_FIELDS = ("model", "algorithm")
-# Kueue's Workload is created once: its pod sets cannot change while it is admitted (Kueue rejects it).
-CREATE_ONLY = frozenset({"Workload"})
+# Created once, never written again: the sandbox token Secret (re-applying must never rotate a token in
+# use) and Kueue's Workload (its pod sets cannot change while it is admitted: Kueue rejects it).
+CREATE_ONLY = frozenset({"Secret", "Workload"})
 
 
 def unsafe_changes(applied: RLJobSpec, new: RLJobSpec) -> list[str]:
@@ -63,21 +64,16 @@ def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down
     owner = owner_reference(job, uid)
     written = []
     secret = build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32))
-    # created once: re-applying must never rotate a token in use
-    if new and kube.create(_with_uid(secret), exist_ok=True) is not None:
-        written.append(f"Secret/{secret['metadata']['name']}")
-    elif not new and kube.get(object_path(secret)) is None:
-        kube.create(_with_uid(secret))
-        written.append(f"Secret/{secret['metadata']['name']}")
-    for obj in desired_objects(job, namespace, owner=owner):
+    for obj in [secret, *desired_objects(job, namespace, owner=owner)]:
         if new and _create(kube, obj, exist_ok=True) is not None:
             written.append(f"{obj['kind']}/{obj['metadata']['name']}")
             continue
-        existing = kube.get(object_path(obj))
-        if existing is None:
+        if obj["kind"] in CREATE_ONLY:
+            if new or kube.get(object_path(obj)) is not None:
+                continue  # it exists: never written again
             _create(kube, obj)
-        elif obj["kind"] in CREATE_ONLY:
-            continue
+        elif (existing := kube.get(object_path(obj))) is None:
+            _create(kube, obj)
         elif not contains(existing, obj := _keep_autoscaled_replicas(job, existing, obj, scaled_down)):
             kube.patch(object_path(obj), obj)
         else:

@@ -35,7 +35,6 @@ class ActionKind(StrEnum):
     REPLACE_PODS = "ReplacePods"  # delete these pods of one tier; its controller creates new ones
     SCALE_TO_ZERO = "ScaleToZero"  # every tier to zero replicas; the learner's preStop writes a final checkpoint
     APPLY = "Apply"  # every tier back to the spec's replicas (leaving Suspended)
-    SCALE_SANDBOX = "ScaleSandbox"  # the sandbox Deployment to `replicas` (its autoscaler's decision)
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,6 @@ class Action:
     kind: ActionKind
     tier: str | None = None
     pods: tuple[str, ...] = ()
-    replicas: int | None = None
 
 
 @dataclass(frozen=True)

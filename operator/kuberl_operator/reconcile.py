@@ -221,12 +221,13 @@ def autoscale_sandbox(
     if memory.autoscaled_at is not None and clock - memory.autoscaled_at < AUTOSCALE_INTERVAL_S:
         return None
     memory.autoscaled_at = clock
-    demand = scrape_demand(pods, memory.start_latency)
+    if (demand := scrape_demand(pods, memory.start_latency)) is None:
+        return None  # no rollout server answered: hold, decide on the next report
     meta, spec = body["metadata"], job.spec.sandbox
     deployment = f"{collection_path('apps/v1', 'Deployment', meta['namespace'])}/{child_name(job, SANDBOX)}"
     current = ((kube.get(deployment) or {}).get("spec") or {}).get("replicas")
-    if demand is None or not isinstance(current, int):
-        return None  # no rollout server answered (or no Deployment yet): hold, decide on the next report
+    if not isinstance(current, int):
+        return None  # no Deployment yet
     rec = recommend(demand, current, min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
                     sessions_per_pod=spec.sessions_per_pod, now=clock, state=memory.scaler)  # fmt: skip
     memory.scaler = rec.state
@@ -289,9 +290,6 @@ def _act(kube: Kube, body: dict[str, Any], job: RLJob, pods: list[dict[str, Any]
                 kube.delete(f"{collection}/{pod['metadata']['name']}")
     elif action.kind == ActionKind.APPLY:
         apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False)
-    elif action.kind == ActionKind.SCALE_SANDBOX:
-        path = f"{collection_path('apps/v1', 'Deployment', namespace)}/{child_name(job, SANDBOX)}"
-        kube.patch(path, {"spec": {"replicas": action.replicas}})
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
             kube.delete(f"{collection}/{name}")

@@ -15,6 +15,7 @@ from importlib import metadata
 import pytest
 from click.testing import CliRunner
 from conftest import REPO
+from helpers.dockerfile import instructions
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -22,15 +23,6 @@ from kuberl.cli import main
 
 IMAGES = {"operator": "operator", "learner": "trainer", "rollout": "rollout-server"}
 DOCKERFILES = {name: REPO / folder / "Dockerfile" for name, folder in IMAGES.items()}
-
-
-def instructions(path):
-    text = re.sub(r"\\\n", " ", path.read_text())
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            keyword, _, rest = line.partition(" ")
-            yield keyword.upper(), rest.strip()
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -10,19 +10,11 @@ import tomllib
 import pytest
 from click.testing import CliRunner
 from conftest import REPO
+from helpers.dockerfile import instructions
 
 from kuberl.cli import main
 
 DOCKERFILES = sorted((REPO / "env-images").glob("*/Dockerfile"))
-
-
-def instructions(path):
-    text = re.sub(r"\\\n", " ", path.read_text())
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            keyword, _, rest = line.partition(" ")
-            yield keyword.upper(), rest.strip()
 
 
 def test_there_are_a_base_and_a_swe_image():
