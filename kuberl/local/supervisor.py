@@ -35,6 +35,7 @@ class Managed:
     live_failures: int = 0
     next_probe: float = 0.0
     preempted_at: float | None = None  # a preemption notice was given: its exit is not a failure
+    last_group: int | None = None  # the process group of the last run, until none of it is left
 
 
 class Supervisor:
@@ -68,7 +69,7 @@ class Supervisor:
         for name, m in self.managed.items():
             if m.proc is not None and m.proc.poll() is not None:
                 code = m.proc.returncode
-                m.proc = None
+                m.proc, m.last_group = None, m.proc.pid  # its own session: the group id is its pid
                 exited.append((name, code))
                 self._event(name, "exited", code=code)
                 if m.preempted_at is not None:
@@ -88,6 +89,7 @@ class Supervisor:
                 self._probe(m, now)
             elif m.proc is None and m.restart_at is not None and now >= m.restart_at:
                 try:
+                    self._clear_group(m)
                     self.start(name)
                 except (RuntimeError, TimeoutError) as err:  # it did not come up: the same as a crash
                     self.signal(name, signal.SIGKILL)
@@ -96,6 +98,21 @@ class Supervisor:
                     continue
                 self._event(name, "restarted")
         return exited
+
+    def _clear_group(self, m: Managed, timeout: float = 15.0) -> None:
+        """What is left of the last run's process group (a server's workers dying slowly, under load, after
+        its main process was killed) still holds its port: kill it and wait until it is gone, so that the
+        replacement does not fail to bind the same port."""
+        if m.last_group is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(m.last_group, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        m.last_group = None
 
     def _probe(self, m: Managed, now: float) -> None:
         """Liveness, like a kubelet's: a process that keeps failing its probe is killed (then restarted)."""
