@@ -53,6 +53,9 @@ class SleepyEnvironment:
     def final_reward(self) -> float:
         return 0.0
 
+    def resolved(self) -> bool | None:
+        return None
+
     async def close(self) -> None:
         return None
 

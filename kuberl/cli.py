@@ -196,6 +196,7 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
     from kuberl.local.runner import RunError, run_job
     from kuberl.storage import LocalCopyError, check_model_folder, local_copy
     from kuberl.validation import ManifestError, load_rljob
+    from kuberl_rollout.server import load_job_tasks, resolve_rewards
 
     try:
         linger_s = parse_duration(metrics_linger)
@@ -203,6 +204,8 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
         raise click.BadParameter(str(err), param_hint="--metrics-linger") from None
     try:
         job = load_rljob(job_file)
+        # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
+        load_job_tasks(job, resolve_rewards(job).function)
         model = str(local_copy(job.spec.model.uri))
         check_model_folder(model)
     except LocalCopyError as err:

@@ -167,6 +167,15 @@ class SandboxEnvironment:
         value = self.reward_fn(self._context(final=True))
         return float(value) if value is not None else 0.0
 
+    def resolved(self) -> bool | None:
+        """Whether the episode's submission resolved the task (the sandbox's hiddenTests.resolved): False before
+        a submit, None for a task without failToPass."""
+        last = self.results[-1] if self.results else None
+        hidden = last.info.get("hiddenTests") if last is not None and last.done else None
+        if isinstance(hidden, dict) and "resolved" in hidden:
+            return hidden["resolved"] is True
+        return False if self.task is not None and self.task.fail_to_pass else None
+
     async def snapshot(self) -> Snapshot:
         return await self.client.snapshot(self._session())
 

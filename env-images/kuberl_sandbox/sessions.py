@@ -23,7 +23,7 @@ from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult, Identity, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
-from kuberl_sandbox.testrun import TestOutcome, count_test_methods, summarize
+from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, summarize
 
 HIDDEN_DIR = "hidden"
 log = logging.getLogger("kuberl.sandbox")
@@ -200,11 +200,28 @@ class SessionManager:
                 ws.write_text(scratch, path, content, session.owner)
             if session.owner:
                 os.chown(scratch, *session.owner)
-            modules = " ".join(p.removesuffix(".py").replace("/", ".") for p in task.hidden_tests)
-            result = await self._run(session, f"python -m unittest -q {modules}", scratch, session.limits)
-            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                result = await self._unittest(session, task.hidden_test_modules, scratch)
+                resolution = None
+                if task.fail_to_pass:
+                    # One run per list, each scored against its own ids: a crash fails every test of its run.
+                    fail_to_pass = await self._run_ids(session, task.fail_to_pass, scratch)
+                    resolution = Resolution(fail_to_pass, await self._run_ids(session, task.pass_to_pass, scratch))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        outcome = summarize(result, count_test_methods(list(task.hidden_tests.values())))
+        return dataclasses.replace(outcome, resolution=resolution)
+
+    async def _unittest(self, session: Session, names: list[str], cwd: Path) -> CommandResult:
+        """`python -m unittest` of hidden test modules or test ids (validated dotted names) in `cwd`."""
+        result = await self._run(session, f"python -m unittest -q {' '.join(names)}", cwd, session.limits)
         self.metrics.observe_command("hidden_tests", result)
-        return summarize(result, count_test_methods(list(task.hidden_tests.values())))
+        return result
+
+    async def _run_ids(self, session: Session, ids: list[str] | None, cwd: Path) -> TestOutcome:
+        if not ids:  # unittest without names would discover the visible tests instead
+            return TestOutcome(total=0, passed=0, output="", exit_code=0, timed_out=False)
+        return summarize(await self._unittest(session, ids, cwd), len(ids))
 
     def record(self, session: Session, action: dict[str, object]) -> None:
         session.actions.append(action)

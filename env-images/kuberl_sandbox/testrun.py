@@ -15,20 +15,39 @@ _TEST_DEF = re.compile(r"^\s+def (test\w*)\s*\(", re.MULTILINE)
 
 
 @dataclass(frozen=True)
+class Resolution:
+    """SWE-bench's verdict on a submission: its FAIL_TO_PASS tests now pass and its PASS_TO_PASS tests still do."""
+
+    fail_to_pass: TestOutcome
+    pass_to_pass: TestOutcome
+
+    @property
+    def resolved(self) -> bool:
+        return all(outcome.passed == outcome.total for outcome in (self.fail_to_pass, self.pass_to_pass))
+
+    def as_info(self) -> dict[str, object]:
+        counts = {"failToPass": self.fail_to_pass, "passToPass": self.pass_to_pass}
+        return {key: {"total": o.total, "passed": o.passed} for key, o in counts.items()} | {"resolved": self.resolved}
+
+
+@dataclass(frozen=True)
 class TestOutcome:
     total: int
     passed: int
     output: str
     exit_code: int | None
     timed_out: bool
+    resolution: Resolution | None = None
+    """Set for a hidden run of a task with failToPass."""
 
     @property
     def fraction(self) -> float:
         return self.passed / self.total if self.total else 0.0
 
     def as_info(self) -> dict[str, object]:
-        return {"total": self.total, "passed": self.passed, "fraction": self.fraction, "exitCode": self.exit_code,
+        info = {"total": self.total, "passed": self.passed, "fraction": self.fraction, "exitCode": self.exit_code,
                 "timedOut": self.timed_out}  # fmt: skip
+        return info | (self.resolution.as_info() if self.resolution else {})
 
 
 def count_test_methods(sources: list[str]) -> int:

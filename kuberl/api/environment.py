@@ -7,9 +7,9 @@ callable registered by name; it is the only code most users write.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, Self, runtime_checkable
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from kuberl.api.base import ApiModel
 from kuberl.api.spec import TaskSplit
@@ -30,6 +30,14 @@ def _check_file_map(files: dict[str, str]) -> dict[str, str]:
 
 
 FileMap = Annotated[dict[str, str], AfterValidator(_check_file_map)]
+
+TestId = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){2,}$")]
+"""A unittest test id relative to the hidden test files: `module.Class.method` (the module may be dotted)."""
+
+
+def _hidden_module(path: str) -> str:
+    """The module name unittest runs a hidden test file as: `sub/hidden_test_x.py` -> `sub.hidden_test_x`."""
+    return path.removesuffix(".py").replace("/", ".")
 
 
 class Task(ApiModel):
@@ -52,6 +60,26 @@ class Task(ApiModel):
     """Test files added only when scoring at submit; the agent never sees them."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Suite-specific data (bug kind, candidate edits, seed...); never shown to the agent."""
+    fail_to_pass: list[TestId] | None = Field(default=None, min_length=1)
+    """Hidden test ids that fail on the starting files and must pass after the fix (SWE-bench FAIL_TO_PASS)."""
+    pass_to_pass: list[TestId] | None = None
+    """Hidden test ids that pass on the starting files and must still pass (SWE-bench PASS_TO_PASS)."""
+
+    @model_validator(mode="after")
+    def _ids_name_hidden_tests(self) -> Self:
+        modules = self.hidden_test_modules
+        ids = [*(self.fail_to_pass or []), *(self.pass_to_pass or [])]
+        if outside := [i for i in ids if not any(i.startswith(m + ".") for m in modules)]:
+            raise ValueError(
+                f"failToPass/passToPass: test ids {outside} name no hiddenTests file; expected "
+                f"module.Class.method with the module one of {modules}"
+            )
+        return self
+
+    @property
+    def hidden_test_modules(self) -> list[str]:
+        """The hidden test files as the module names unittest runs."""
+        return [_hidden_module(path) for path in self.hidden_tests]
 
 
 class ToolCall(ApiModel):

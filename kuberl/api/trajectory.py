@@ -65,6 +65,9 @@ class Trajectory(ApiModel):
     """Outcome reward of the episode."""
     finish_reason: FinishReason
     """Why the episode ended."""
+    resolved: bool | None = None
+    """The submission resolved the task (every failToPass and passToPass hidden test passed); False when it did
+    not or the episode never submitted; None when the task has no failToPass."""
     error: str | None = None
     """Why the episode failed (finish reason `error`): the learner drops it and may re-submit the task."""
     sandbox_session_id: str | None = None

@@ -113,6 +113,7 @@ class Agent:
             turns=record.turns,
             final_reward=state["final"] or 0.0,
             finish_reason=state["finish"],
+            resolved=env.resolved(),
             error=state["error"],
             sandbox_session_id=session_id,
             timings=timings,

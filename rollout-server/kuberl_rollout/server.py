@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from kuberl.api.environment import RewardFunction
+from kuberl.api.environment import RewardFunction, Task
 from kuberl.api.rljob import RLJob
 from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
-from kuberl.rewards import resolve_reward
+from kuberl.rewards import check_tasks, resolve_reward
 from kuberl.storage import check_model_folder, local_copy
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import RolloutState, create_app
@@ -72,9 +72,19 @@ def resolve_rewards(job: RLJob) -> Rewards:
     )
 
 
+def load_job_tasks(job: RLJob, reward_fn: RewardFunction) -> list[Task]:
+    """Every task of the job (all splits); ValueError (a usage error) when `reward_fn` cannot score them."""
+    env = job.spec.environment
+    tasks = load_tasks(env.name, env.tasks.uri)
+    check_tasks(reward_fn, tasks, env.tasks.uri or f"built-in task suite {env.name!r}")
+    return tasks
+
+
 def build_app(settings: RolloutSettings) -> FastAPI:
     spec = settings.job.spec
-    rewards = resolve_rewards(settings.job)  # before the model copy and engine: bad config fails at once
+    # before the model copy and engine: a bad reward or task file fails at once
+    rewards = resolve_rewards(settings.job)
+    tasks = load_job_tasks(settings.job, rewards.function)
     model_path = settings.model_path or str(local_copy(spec.model.uri))
     check_model_folder(model_path)  # a clear error now, not vLLM's traceback later
     dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
@@ -89,7 +99,6 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         metrics = RolloutMetrics()
         metrics.kv_cache_usage.set_function(lambda: engine.kv_cache_usage)
         metrics.engine_waiting.set_function(lambda: engine.waiting_requests)
-        tasks = load_tasks(spec.environment.name, spec.environment.tasks.uri)
         agent = Agent(engine, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, episode_limits(settings.job))
         sandboxes = [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls]
         service = RolloutService(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from kuberl.api.environment import RewardFunction, Task
 from kuberl.api.trajectory import Trajectory
 from kuberl.errors import ServiceError
+from kuberl.rewards import task_problem
 from kuberl_rollout.agent import Agent
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
@@ -82,6 +83,8 @@ class RolloutService:
             if task_id not in self.tasks:
                 raise WorkError(404, f"unknown task {task_id!r} (this server has {len(self.tasks)} tasks)")
             task = self.tasks[task_id]
+        elif problem := task_problem(self.reward_fn, task):
+            raise WorkError(400, problem)
         if self._open_episodes + size > self.max_backlog:
             raise WorkError(429, f"backlog full ({self._open_episodes} episodes open, limit {self.max_backlog})")
         group = Group(group_id=uuid.uuid4().hex, task=task, size=size)

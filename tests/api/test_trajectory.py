@@ -36,6 +36,12 @@ def test_a_well_formed_trajectory():
     assert Trajectory.model_validate_json(t.model_dump_json(by_alias=True)) == t
 
 
+def test_resolved_is_optional_on_the_wire():
+    assert "resolved" not in trajectory().to_manifest()  # a task without failToPass reports no verdict
+    resolved = trajectory(resolved=True)
+    assert resolved.to_manifest()["resolved"] is True and Trajectory.model_validate(resolved.to_manifest()) == resolved
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [

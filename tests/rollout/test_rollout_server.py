@@ -103,7 +103,7 @@ def test_a_multi_turn_trajectory_is_recorded_token_in_token_out(world):
     trajectories = collect(url, 2)
     for t in trajectories:
         assert t["groupId"] == group["groupId"] and t["finishReason"] == "submitted", tokenizer.decode(t["tokenIds"])
-        assert t["finalReward"] == 1.0
+        assert t["finalReward"] == 1.0 and t["resolved"] is True
         ids, mask, turns = t["tokenIds"], t["lossMask"], t["turns"]
         assert [tokenizer.decode(ids[x["start"] : x["actionEnd"]]) for x in turns] == [
             format_tool_call(c) + "<|end|>" for c in CALLS
@@ -159,6 +159,7 @@ BAD = [
     ("POST", "/v1/groups", {"groupSize": 2}, 422, "exactly one of taskId or task"),
     ("POST", "/v1/groups", {"taskId": TASK.task_id, "groupSize": 100000}, 422, "groupSize"),
     ("GET", "/v1/groups/nope", None, 404, "unknown group 'nope'"),
+    ("POST", "/v1/groups", {"task": TASK.to_manifest() | {"failToPass": None}, "groupSize": 1}, 400, "no failToPass"),
     ("DELETE", "/v1/groups/nope", None, 404, "re-submit"),
     ("GET", "/v1/trajectories?limit=0", None, 422, "limit"),
     ("POST", "/v1/completions", {"prompt": [10**7], "max_tokens": 2}, 400, "token ids must lie in"),

@@ -15,33 +15,42 @@ from kuberl_sandbox.suites.swe_toy import generate
 TASKS = generate(12, seed=5)
 
 
-def play(sandbox, task, edit: str | None, intermediate: bool = True):
+def replace(task, new: str) -> ToolCall:
+    """The agent's edit of the buggy expression."""
+    return ToolCall(
+        name="replace", arguments={"path": task.metadata["file"], "old": task.metadata["buggy"], "new": new}
+    )
+
+
+def play(sandbox, task, *edits: ToolCall, intermediate: bool = True):
+    """Read, test, edit, test, submit; returns (observations, results, the environment's resolved verdict)."""
+
     async def episode():
         client = SandboxClient(sandbox.url, sandbox.token)
         env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"), intermediate_rewards=intermediate)
         observations = [await env.reset(task)]
         results = []
         calls = [ToolCall(name="read_file", arguments={"path": task.metadata["file"]}), ToolCall(name="run_tests")]
-        if edit is not None:
-            calls.append(
-                ToolCall(
-                    name="replace",
-                    arguments={"path": task.metadata["file"], "old": task.metadata["buggy"], "new": edit},
-                )
-            )
-        calls += [ToolCall(name="run_tests"), ToolCall(name="submit")]
+        calls += [*edits, ToolCall(name="run_tests"), ToolCall(name="submit")]
         for call in calls:
             results.append(await env.step(call))
         await env.close()
         await client.aclose()
-        return observations, results
+        return observations, results, env.resolved()
 
     return asyncio.run(episode())
 
 
-def test_the_fix_earns_full_reward_and_the_edit_turn_is_credited(sandbox):
+def counts(task, f2p_passed: int, p2p_passed: int) -> dict:
+    return {
+        "failToPass": {"total": len(task.fail_to_pass), "passed": f2p_passed},
+        "passToPass": {"total": len(task.pass_to_pass), "passed": p2p_passed},
+    }
+
+
+def test_the_fix_resolves_the_task_and_the_edit_turn_is_credited(sandbox):
     task = TASKS[0]
-    observations, results = play(sandbox, task, task.metadata["fix"])
+    observations, results, resolved = play(sandbox, task, replace(task, task.metadata["fix"]))
     assert task.prompt in observations[0] and task.metadata["file"] in observations[0]
     read, first_tests, edit, second_tests, submit = results
     assert task.metadata["buggy"] in read.observation
@@ -49,20 +58,54 @@ def test_the_fix_earns_full_reward_and_the_edit_turn_is_credited(sandbox):
     assert first_tests.reward is None  # no baseline yet
     assert edit.observation == f"Replaced 1 occurrence(s) in {task.metadata['file']}."
     assert second_tests.reward > 0  # visible tests went from failing to passing
-    assert submit.done and submit.reward == 1.0
+    assert submit.done and submit.reward == 1.0 and resolved is True
+    hidden = submit.info["hiddenTests"]
+    assert hidden["fraction"] == 1.0 and hidden["resolved"] is True
+    assert hidden.items() >= counts(task, len(task.fail_to_pass), len(task.pass_to_pass)).items()
 
 
-def test_a_wrong_edit_earns_partial_reward(sandbox):
+def test_a_decoy_fix_resolves_nothing(sandbox):
     task = TASKS[1]
-    wrong = next(c for c in task.metadata["candidates"] if c != task.metadata["fix"])
-    _, results = play(sandbox, task, wrong)
-    assert results[-1].done and 0.0 <= results[-1].reward < 1.0
+    for decoy in [c for c in task.metadata["candidates"] if c != task.metadata["fix"]]:
+        _, results, resolved = play(sandbox, task, replace(task, decoy), intermediate=False)
+        hidden = results[-1].info["hiddenTests"]
+        assert results[-1].done and results[-1].reward == 0.0 and resolved is False, decoy
+        assert hidden["resolved"] is False and hidden["failToPass"]["passed"] < len(task.fail_to_pass)
 
 
-def test_submitting_without_editing_scores_the_buggy_code(sandbox):
-    _, results = play(sandbox, TASKS[2], None, intermediate=False)
+def test_submitting_without_an_edit_earns_nothing_though_most_hidden_tests_pass(sandbox):
+    task = TASKS[2]
+    _, results, resolved = play(sandbox, task, intermediate=False)
     assert all(r.reward is None for r in results[:-1])
-    assert 0.0 <= results[-1].reward < 1.0
+    hidden = results[-1].info["hiddenTests"]
+    assert 0 < hidden["passed"] < hidden["total"]  # what the old fraction reward paid for
+    assert hidden.items() >= counts(task, 0, len(task.pass_to_pass)).items()
+    assert results[-1].reward == 0.0 and hidden["resolved"] is False and resolved is False
+
+
+def fixed_and(task, tail: str) -> ToolCall:
+    """Write the fixed module with `tail` appended."""
+    fixed = task.files[task.metadata["file"]].replace(task.metadata["buggy"], task.metadata["fix"], 1)
+    return ToolCall(name="write_file", arguments={"path": task.metadata["file"], "content": fixed + tail})
+
+
+def test_a_fix_that_breaks_another_function_is_not_resolved(sandbox):
+    task = next(t for t in TASKS[3:] if t.metadata["bugKind"] != "swapped-args")  # no helper the fix relies on
+    other = task.pass_to_pass[0].rsplit(".", 1)[-1].removeprefix("test_")  # a function the fix must keep working
+    _, results, resolved = play(sandbox, task, fixed_and(task, f"\n\ndef {other}(*args):\n    return None\n"))
+    hidden = results[-1].info["hiddenTests"]
+    assert hidden["failToPass"] == {"total": len(task.fail_to_pass), "passed": len(task.fail_to_pass)}
+    assert hidden["passToPass"]["passed"] < len(task.pass_to_pass)
+    assert results[-1].reward == 0.0 and hidden["resolved"] is False and resolved is False
+
+
+def test_a_test_process_that_dies_at_import_passes_nothing(sandbox):
+    # Exiting with status 0 before unittest reports anything must not count as passing.
+    task = TASKS[4]
+    _, results, resolved = play(sandbox, task, fixed_and(task, "\nimport os\n\nos._exit(0)\n"), intermediate=False)
+    hidden = results[-1].info["hiddenTests"]
+    assert hidden.items() >= counts(task, 0, 0).items() and hidden["passed"] == 0
+    assert results[-1].reward == 0.0 and resolved is False
 
 
 def test_metrics_count_sessions_and_commands(sandbox):

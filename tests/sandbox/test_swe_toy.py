@@ -6,6 +6,7 @@ import collections
 import fnmatch
 import io
 import json
+import re
 import subprocess
 import sys
 import types
@@ -91,6 +92,12 @@ def test_task_shape(task):
     assert not any(c in task.files[file] for c in candidates)
     assert task.test_command == "python -m unittest -q"
     assert file in task.prompt and "submit" in task.prompt
+    # FAIL_TO_PASS: one hidden method per case of the buggy function; PASS_TO_PASS: every other method.
+    prefix = f"hidden_test_{module}.HiddenTest{module.title().replace('_', '')}."
+    f2p = [f"{prefix}test_{meta['function']}_{i}" for i in (1, 2, 3)]
+    assert task.fail_to_pass == f2p
+    methods = {f"{prefix}{name}" for name in re.findall(r"def (test\w+)\(", task.hidden_tests[hidden_file(task)])}
+    assert task.pass_to_pass and set(task.pass_to_pass) == methods - set(f2p)
 
 
 # ------------------------------------------------------------------ every task, run in this process (fast)
@@ -128,6 +135,10 @@ def failed(result: unittest.TestResult) -> int:
     return len(result.failures) + len(result.errors)
 
 
+def failed_ids(result: unittest.TestResult) -> set[str]:
+    return {test.id() for test, _ in result.failures + result.errors}
+
+
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.task_id)
 def test_task_behaviour_in_process(task):
     meta, visible = task.metadata, f"test_{task.metadata['module']}.py"
@@ -138,12 +149,14 @@ def test_task_behaviour_in_process(task):
     fixed = {**with_edit(task, meta["fix"]), **task.hidden_tests}
     assert run_in_process(fixed, visible)[0].wasSuccessful()
     result, _ = run_in_process(fixed, hidden_file(task))
-    assert result.wasSuccessful() and result.testsRun >= 4
+    assert result.wasSuccessful() and result.testsRun == len(task.fail_to_pass) + len(task.pass_to_pass) >= 4
 
+    # On the buggy module exactly the FAIL_TO_PASS tests fail: every PASS_TO_PASS one already passes.
     buggy_hidden = run_in_process({**task.files, **task.hidden_tests}, hidden_file(task))[0]
-    assert 0 < failed(buggy_hidden) < buggy_hidden.testsRun  # a graded reward, never already full
-    for wrong in wrong_candidates(task):
-        assert failed(run_in_process({**with_edit(task, wrong), **task.hidden_tests}, hidden_file(task))[0]) >= 1
+    assert failed_ids(buggy_hidden) == set(task.fail_to_pass)
+    for wrong in wrong_candidates(task):  # a decoy leaves a FAIL_TO_PASS test failing
+        decoy = run_in_process({**with_edit(task, wrong), **task.hidden_tests}, hidden_file(task))[0]
+        assert failed_ids(decoy) & set(task.fail_to_pass)
 
 
 # --------------------------------------------------------------------- a sample, run for real in subprocesses
@@ -168,10 +181,21 @@ def test_task_in_a_subprocess(task, tmp_path):
     assert buggy.returncode != 0 and meta["fix"] in buggy.stderr
     assert not any(wrong in buggy.stderr for wrong in wrong_candidates(task))
 
+    # The ids as the sandbox runs them: on the buggy module every FAIL_TO_PASS test fails, PASS_TO_PASS pass.
+    write_workspace(tmp_path, task.hidden_tests)
+    f2p = run(tmp_path, "-m", "unittest", "-q", *task.fail_to_pass)
+    assert f"Ran {len(task.fail_to_pass)} tests" in f2p.stderr
+    assert f"FAILED (failures={len(task.fail_to_pass)})" in f2p.stderr, f2p.stderr
+    assert run(tmp_path, "-m", "unittest", "-q", *task.pass_to_pass).returncode == 0
+
     write_workspace(tmp_path, {**with_edit(task, meta["fix"]), **task.hidden_tests})
     assert run(tmp_path, "-I", "-m", "unittest", "-q").returncode == 0
     hidden = run(tmp_path, "-m", "unittest", "-q", hidden_module)
     assert hidden.returncode == 0, hidden.stderr
+    resolved = run(tmp_path, "-m", "unittest", "-q", *task.fail_to_pass, *task.pass_to_pass)
+    assert (
+        resolved.returncode == 0 and f"Ran {len(task.fail_to_pass) + len(task.pass_to_pass)} tests" in resolved.stderr
+    )
 
     for wrong in wrong_candidates(task):
         write_workspace(tmp_path, with_edit(task, wrong))
@@ -211,10 +235,12 @@ def test_unicode_survives_the_round_trip(tmp_path):
         ({"taskId": "x", "prompt": "p", "files": {"../etc/passwd": ""}}, ["files", "relative path"]),
         ({"taskId": "x", "prompt": "p", "split": "validation"}, ["split"]),
         ({"taskId": "x", "prompt": "p", "hiddenTest": {}}, ["hiddenTest", "not permitted"]),
+        ({"taskId": "x", "prompt": "p", "failToPass": ["hidden_test_x.T.test_a"]}, ["failToPass", "no hiddenTests"]),
+        ({"taskId": "x", "prompt": "p", "failToPass": ["t; rm -rf /"]}, ["failToPass.0", "pattern"]),
         ("not json", ["not valid JSON"]),
         ([1, 2], ["expected a JSON object"]),
     ],
-    ids=["missing", "path", "split", "unknown-field", "json", "array"],
+    ids=["missing", "path", "split", "unknown-field", "test-id-file", "test-id-shape", "json", "array"],
 )
 def test_a_bad_line_names_the_file_the_line_and_the_field(tmp_path, bad_line, words):
     path = tmp_path / "tasks.jsonl"

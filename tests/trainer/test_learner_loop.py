@@ -104,6 +104,8 @@ def test_sync_stops_at_max_steps_with_a_final_checkpoint_and_exports_metrics(ser
     steps = lines(tmp_path / "run")
     assert [line["step"] for line in steps] == [1, 2]
     assert all(line["trajectories"] == 4 and line["generated_tokens"] > 0 for line in steps)
+    # swe-toy tasks have failToPass: the binary reward is 1 exactly when the episode resolved its task
+    assert all(line["resolved_rate"] == line["solve_rate"] for line in steps)
     assert all(line["staleness_max"] == 0 for line in steps)  # sync: every trajectory from the current policy
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert (status["phase"], status["reason"], status["step"]) == ("Stopped", "MaxStepsReached", 2)

@@ -19,7 +19,15 @@ from kuberl.api.trajectory import FinishReason, Trajectory
 from kuberl_trainer.rollout_client import RolloutClient
 
 SOLVED = 1.0
-"""A trajectory solves its task when its final reward (the hidden tests' pass fraction) reaches this."""
+"""Without a `resolved` flag (a task without failToPass), a trajectory solves its task when its final reward
+reaches this."""
+
+
+def is_solved(trajectory: Trajectory) -> bool:
+    """The episode solved its task: it resolved it (SWE-bench), else its final reward reached SOLVED; never on error."""
+    if trajectory.error is not None:
+        return False
+    return trajectory.resolved if trajectory.resolved is not None else trajectory.final_reward >= SOLVED
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ def evaluate(client: RolloutClient, tasks: Sequence[Task], episodes_per_task: in
 
 
 def _score(trajectories: list[Trajectory], tasks: int, foreign: int, seconds: float) -> Evaluation:
-    solved = sum(t.error is None and t.final_reward >= SOLVED for t in trajectories)
+    solved = sum(is_solved(t) for t in trajectories)
     return Evaluation(
         tasks=tasks,
         episodes=len(trajectories),

@@ -232,7 +232,9 @@ def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waite
     return {
         "step": state.step, "policy_version": state.policy_version, "loss": report["loss"],
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
-        "solve_rate": float((rewards >= 1.0).float().mean()), "trajectories": len(batch.trajectories),
+        "solve_rate": float((rewards >= 1.0).float().mean()),
+        "resolved_rate": sum(t.resolved is True for t in batch.trajectories) / max(len(batch.trajectories), 1),
+        "trajectories": len(batch.trajectories),
         "failed": batch.failed, "stale_dropped": batch.stale_dropped, "resubmitted": batch.resubmitted,
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
         "staleness_max": max(batch.staleness, default=0), "mismatch_kl": report["mismatch_kl"],

@@ -1,7 +1,8 @@
 """The swe-toy suite: tiny generated Python modules, each with one planted one-line bug.
 
 A task is a module of 2-4 short functions, a visible unittest file whose failing assertion names the expression
-the buggy line should use, and a hidden test file scored at submit. The format is described in docs/tasks.md.
+the buggy line should use, and a hidden test file scored at submit: the buggy function's hidden tests are the
+task's FAIL_TO_PASS tests, every other hidden test its PASS_TO_PASS. The format is described in docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ TEST_COMMAND = "python -m unittest -q"
 MAX_MODULE_LINES = 20
 MAX_FUNCTIONS = 4
 VISIBLE_CASES = 2
-# One case per hidden test method for the buggy function, so a partly right edit earns a partial reward.
+# One case per hidden test method for the buggy function: each is a FAIL_TO_PASS test of its own.
 HIDDEN_TARGET_CASES = 3
 HIDDEN_FILLER_CASES = 2
 MAX_DRAWS = 1000
@@ -472,15 +473,34 @@ def _visible_tests(module: Module, cases: dict[str, list[Case]]) -> str:
     return _test_file(module, f"Test{_class_name(module.name)}", methods)
 
 
-def _hidden_tests(module: Module, cases: dict[str, list[Case]]) -> str:
-    methods = []
+@dataclass(frozen=True)
+class HiddenTests:
+    """The hidden test file and its test ids: the target's methods fail on the buggy code, the rest pass."""
+
+    path: str
+    source: str
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+
+
+def _hidden_tests(module: Module, cases: dict[str, list[Case]]) -> HiddenTests:
+    methods: list[tuple[str, list[str]]] = []
+    targeted: list[str] = []
     for f in module.functions:
         asserts = [f"self.assertEqual({_call_text(f, c)}, {c.expected!r})" for c in cases[f.name]]
-        if f is module.target:  # one method per case: each counts towards the reward on its own
-            methods += [(f"test_{f.name}_{i}", [a]) for i, a in enumerate(asserts, start=1)]
+        if f is module.target:  # one method per case: a case the bug gets wrong is its own FAIL_TO_PASS test
+            targeted += [f"test_{f.name}_{i}" for i in range(1, len(asserts) + 1)]
+            methods += [(name, [a]) for name, a in zip(targeted, asserts, strict=True)]
         else:
             methods.append((f"test_{f.name}", asserts))
-    return _test_file(module, f"HiddenTest{_class_name(module.name)}", methods)
+    class_name, test_module = f"HiddenTest{_class_name(module.name)}", f"hidden_test_{module.name}"
+    ids = {name: f"{test_module}.{class_name}.{name}" for name, _ in methods}
+    return HiddenTests(
+        path=f"{test_module}.py",
+        source=_test_file(module, class_name, methods),
+        fail_to_pass=[ids[name] for name in targeted],
+        pass_to_pass=[ids[name] for name, _ in methods if name not in targeted],
+    )
 
 
 # -------------------------------------------------------------------------------------------- the suite
@@ -507,13 +527,16 @@ def make_task(index: int, seed: int = 0, test_fraction: float = 0.25) -> Task:
     candidates = module.candidates
     rng.shuffle(candidates)
     file, test_file = f"{module.name}.py", f"test_{module.name}.py"
+    hidden_tests = _hidden_tests(module, hidden)
     return Task(
         task_id=f"{SUITE}-{index:04d}",
         split=_split(seed, index, test_fraction),
         prompt=f"The tests in {test_file} fail. Fix the bug in {file}, run the tests, then submit.",
         files={file: module.source(module.target.bug), test_file: _visible_tests(module, visible)},
         test_command=TEST_COMMAND,
-        hidden_tests={f"hidden_test_{module.name}.py": _hidden_tests(module, hidden)},
+        hidden_tests={hidden_tests.path: hidden_tests.source},
+        fail_to_pass=hidden_tests.fail_to_pass,
+        pass_to_pass=hidden_tests.pass_to_pass,
         metadata={
             "bugKind": kind,
             "module": module.name,
