@@ -21,7 +21,7 @@ def measure(work: Path, model: Path, rollouts: int) -> dict[str, float]:
 
     manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": f"recovery-{rollouts}"},
                 "spec": {"model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
-                         "algorithm": {"groupSize": 4},
+                         "algorithm": {"groupSize": 4, "dynamicSampling": False},  # untrained: no signal
                          "training": {"totalSteps": STEPS, "trajectoriesPerStep": 16, "learningRate": 1e-4},
                          "environment": {"maxTurns": 3, "maxTokensPerTrajectory": 1024},
                          "rollout": {"replicas": rollouts, "concurrentSessions": 32, "maxTokensPerTurn": 48,

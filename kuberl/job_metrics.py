@@ -21,7 +21,8 @@ TIERS = ("learner", "rollout", "sandbox")
 # Reasons that name a circuit breaker (kuberl.api.status.Reason): a job ending with one "tripped" it.
 BREAKER_REASONS = frozenset({
     Reason.MAX_STEPS_REACHED, Reason.MAX_WALL_CLOCK_REACHED, Reason.GPU_HOUR_BUDGET_EXHAUSTED,
-    Reason.NON_FINITE_LOSS, Reason.NO_PROGRESS, Reason.MISMATCH_KL_EXCEEDED, Reason.RETRY_BUDGET_EXHAUSTED,
+    Reason.NON_FINITE_LOSS, Reason.NO_PROGRESS, Reason.MISMATCH_KL_EXCEEDED, Reason.NO_LEARNING_SIGNAL,
+    Reason.RETRY_BUDGET_EXHAUSTED,
 })  # fmt: skip
 _LABELS = ["namespace", "rljob"]
 

@@ -116,6 +116,12 @@ class AlgorithmSpec(ApiModel):
     """Importance-sampling correction from the rollout log-probs."""
     loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
     """token-mean: average over all generated tokens of the batch; seq-mean: average per trajectory first."""
+    dynamic_sampling: bool = True
+    """grpo and rloo: leave out groups whose trajectories all got the same reward (within 1e-6; with turn or
+    prm credit, the same per-turn returns): their group-relative advantages are zero, so they would cost a
+    step's compute and teach nothing. More groups are drawn until the batch holds trajectoriesPerStep
+    trajectories of groups that disagree (DAPO's dynamic sampling); limits.maxBatchesWithoutSignal stops
+    a job that finds none. ppo baselines with its value head, not the group: nothing is left out."""
 
 
 # -------------------------------------------------------------------------------------- training
@@ -441,6 +447,11 @@ class LimitsSpec(ApiModel):
     """Stop when no training step completes for this long."""
     max_mismatch_kl: float | None = Field(None, gt=0.0)
     """Stop when the KL between rollout and learner log-probs exceeds this; unset: no limit."""
+    max_batches_without_signal: int = Field(10, ge=1, le=100_000)
+    """Batches in a row without learning signal that fail the job (NoLearningSignal), with
+    algorithm.dynamicSampling on (grpo, rloo). A batch without signal: trajectoriesPerStep / groupSize
+    groups in a row, in the order they finish, each left out because all of its trajectories got the same
+    reward. A group whose rewards differ resets the count; so does a learner restart."""
     retry_budget: int = Field(5, ge=0, le=1000)
     """Learner gang restarts allowed before the job fails (spot preemptions do not count)."""
 

@@ -42,6 +42,7 @@ class Reason(StrEnum):
     NON_FINITE_LOSS = "NonFiniteLoss"
     NO_PROGRESS = "NoProgress"
     MISMATCH_KL_EXCEEDED = "MismatchKlExceeded"
+    NO_LEARNING_SIGNAL = "NoLearningSignal"
     RETRY_BUDGET_EXHAUSTED = "RetryBudgetExhausted"
     INVALID_SPEC = "InvalidSpec"
 

@@ -27,7 +27,7 @@ _COUNTERS = {"running_seconds", "gpu_hours", "gpu_hours_by_tier", "spot_gpu_hour
 # Phases in which the job's wall clock runs (the breaker counts time since the job started running).
 _CLOCK_PHASES = frozenset({Phase.RUNNING, Phase.RECOVERING})
 # Health breakers the learner reports are failures of the run, not limits it reached (as in stop_for).
-_LEARNER_FAILURES = frozenset({Reason.NON_FINITE_LOSS, Reason.MISMATCH_KL_EXCEEDED})
+_LEARNER_FAILURES = frozenset({Reason.NON_FINITE_LOSS, Reason.MISMATCH_KL_EXCEEDED, Reason.NO_LEARNING_SIGNAL})
 
 
 class ActionKind(StrEnum):

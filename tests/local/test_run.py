@@ -86,6 +86,8 @@ def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
          ("Stopped", "MaxWallClockReached")),
         ("nan", {"training": {"totalSteps": 1000}, "limits": {"maxNonFiniteSteps": 2}},
          {"KUBERL_FAULT_NAN_FROM_STEP": "2"}, ("Failed", "NonFiniteLoss")),
+        ("no-signal", {"training": {"totalSteps": 1000}, "algorithm": {"dynamicSampling": True},
+                       "limits": {"maxBatchesWithoutSignal": 2}}, {}, ("Failed", "NoLearningSignal")),
     ],
 )  # fmt: skip
 def test_circuit_breakers(model, tmp_path, case, sections, env, expected):
@@ -105,6 +107,8 @@ def test_circuit_breakers(model, tmp_path, case, sections, env, expected):
     if case == "nan":
         assert record["step"] == 3 and complete == [3]  # steps 2 and 3 skipped their updates, then it stopped
         assert [line["skipped"] for line in metrics(tmp_path / "run")] == [0, 1, 1]
+    if case == "no-signal":  # the tiny model solves nothing: every group dropped, no step, no endless wait
+        assert record["step"] == 0 and complete == [] and "maxBatchesWithoutSignal: 2" in record["message"]
     if case == "wall-clock" and record["step"]:
         assert complete == [record["step"]]
 

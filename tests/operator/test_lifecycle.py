@@ -18,6 +18,7 @@ from kuberl_operator.lifecycle import (
     next_state,
     should_write,
 )
+from kuberl_trainer.breakers import Progress, stop_for
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)
@@ -105,6 +106,9 @@ TRANSITIONS = [
     ("learner mismatch kl", spec(), status(Phase.RUNNING),
      Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MISMATCH_KL_EXCEEDED)),
      Phase.FAILED, Reason.MISMATCH_KL_EXCEEDED, [ActionKind.SCALE_TO_ZERO]),
+    ("learner found no learning signal", spec(), status(Phase.RUNNING),
+     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.NO_LEARNING_SIGNAL, "10 batches without signal")),
+     Phase.FAILED, Reason.NO_LEARNING_SIGNAL, [ActionKind.SCALE_TO_ZERO]),
     ("learner reached max steps", spec(), status(Phase.RUNNING),
      Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MAX_STEPS_REACHED)),
      Phase.STOPPED, Reason.MAX_STEPS_REACHED, [ActionKind.SCALE_TO_ZERO]),
@@ -125,6 +129,21 @@ def test_transition(spec_, old, observed, phase, reason, kinds):
         assert decision.events[-1].reason == str(reason)
     elif not kinds:
         assert not decision.events
+
+
+@pytest.mark.parametrize("progress", [
+    Progress(5, 1.0, consecutive_skipped=3, mismatch_kl=0.0),
+    Progress(5, 1.0, consecutive_skipped=0, mismatch_kl=1.0),
+    Progress(5, 1.0, consecutive_skipped=0, mismatch_kl=0.0, batches_without_signal=10),
+    Progress(100, 1.0, consecutive_skipped=0, mismatch_kl=0.0),
+])  # fmt: skip
+def test_a_learner_breaker_gets_the_phase_the_learner_gave_it(progress):
+    # the learner reports its reason only (the LearnerStopped condition); the operator must agree on the phase
+    limits = spec(maxMismatchKl=0.5)
+    tripped = stop_for(limits, progress)
+    observed = Observed(NOW, tiers(), learner_stop=LearnerStop(tripped.reason))
+    decision = next_state(limits, status(Phase.RUNNING), observed)
+    assert (decision.status.phase, decision.status.reason) == (tripped.phase, tripped.reason)
 
 
 def test_learner_failure_counts_a_restart_and_names_the_checkpoint():

@@ -7,7 +7,7 @@ from conftest import with_spec
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.trajectory import Trajectory, Turn
-from kuberl_trainer.batching import collate, group_advantages, shard, with_gae
+from kuberl_trainer.batching import collate, filters_uniform_groups, group_advantages, has_signal, shard, with_gae
 
 
 def trajectory(group: str, index: int, reward: float, turn_rewards=(0.0, 0.0)) -> Trajectory:
@@ -55,3 +55,31 @@ def test_shards_cover_every_row_once_and_pad_to_equal_sizes():
     real = [int(p.batch.loss_mask.any(dim=1).sum()) for p in parts]
     assert real == [3, 2]
     assert sum(int(p.batch.loss_mask.sum()) for p in parts) == int(c.batch.loss_mask.sum())
+
+
+# ------------------------------------------------------------------------------------ dynamic sampling
+def algorithm(**fields):
+    return RLJob.from_manifest(with_spec(algorithm={"groupSize": 2, **fields})).spec.algorithm
+
+
+def test_a_group_has_signal_when_its_outcome_rewards_differ():
+    assert has_signal([trajectory("a", 0, 1.0), trajectory("a", 1, 0.0)], algorithm())
+    assert not has_signal([trajectory("b", 0, 1.0), trajectory("b", 1, 1.0)], algorithm())
+    assert not has_signal([trajectory("b", 0, 0.3), trajectory("b", 1, 0.3 + 1e-9)], algorithm())  # noise, not signal
+    assert not has_signal([trajectory("c", 0, 0.7)], algorithm(name="rloo"))  # one member: no baseline
+
+
+def test_with_turn_credit_differing_intermediate_rewards_are_signal():
+    # the same outcome, but one trajectory's first turn fixed a test: per-turn returns differ
+    group = [trajectory("a", 0, 1.0, turn_rewards=(0.5, 0.0)), trajectory("a", 1, 1.0)]
+    assert has_signal(group, algorithm(creditAssignment={"mode": "turn"}))
+    assert not has_signal(group, algorithm())  # outcome credit sees the outcome only
+    for spec in (algorithm(creditAssignment={"mode": "turn"}), algorithm()):  # what the advantages say, too
+        zero = group_advantages(collate(group, 0), spec).abs().max() == 0
+        assert zero == (not has_signal(group, spec))
+
+
+def test_dynamic_sampling_filters_for_group_baselines_only():
+    assert filters_uniform_groups(algorithm()) and filters_uniform_groups(algorithm(name="rloo"))
+    assert not filters_uniform_groups(algorithm(dynamicSampling=False))
+    assert not filters_uniform_groups(algorithm(name="ppo"))  # the value head's baseline still gives advantages

@@ -13,8 +13,8 @@ def spec(**changes):
     return RLJob.from_manifest(with_spec(**changes)).spec
 
 
-def at(step=1, elapsed=1.0, skipped=0, mismatch=0.0) -> Progress:
-    return Progress(step, elapsed, skipped, mismatch)
+def at(step=1, elapsed=1.0, skipped=0, mismatch=0.0, without_signal=0) -> Progress:
+    return Progress(step, elapsed, skipped, mismatch, without_signal)
 
 
 def test_keeps_training_inside_every_limit():
@@ -51,3 +51,19 @@ def test_mismatch_kl_bound():
     stop = stop_for(spec(limits={"maxMismatchKl": 0.1}), at(mismatch=0.5))
     assert (stop.phase, stop.reason) == (Phase.FAILED, Reason.MISMATCH_KL_EXCEEDED)
     assert stop_for(spec(limits={"maxMismatchKl": 0.1}), at(mismatch=0.05)) is None
+
+
+def test_batches_in_a_row_without_learning_signal_fail_the_job():
+    limits = {"maxBatchesWithoutSignal": 3}
+    assert stop_for(spec(limits=limits), at(without_signal=2)) is None
+    stop = stop_for(spec(limits=limits), at(without_signal=3))
+    assert (stop.phase, stop.reason) == (Phase.FAILED, Reason.NO_LEARNING_SIGNAL)
+    assert "limits.maxBatchesWithoutSignal: 3" in stop.message
+    assert spec().limits.max_batches_without_signal == 10 and spec().algorithm.dynamic_sampling
+
+
+def test_a_job_without_signal_fails_even_at_its_last_step():
+    # the failure says more than the limit it happened to reach at the same time
+    last_step = spec(training={"totalSteps": 3}, limits={"maxBatchesWithoutSignal": 1})
+    stop = stop_for(last_step, at(step=3, without_signal=1))
+    assert stop.reason == Reason.NO_LEARNING_SIGNAL

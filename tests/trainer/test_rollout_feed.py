@@ -1,4 +1,4 @@
-"""How batches are cut: whole groups, sync versus async refills, and the staleness bound.
+"""How batches are cut: whole groups, sync versus async refills, the staleness bound, and dynamic sampling.
 
 The rollout servers are replaced by an in-memory work queue that finishes groups when the test says,
 at the policy version the test says (the real servers are exercised in test_learner_loop.py)."""
@@ -14,15 +14,18 @@ from kuberl_trainer.rollout_client import Collected, NoRolloutServer, SubmittedG
 from kuberl_trainer.rollout_feed import FeedState, RolloutFeed, admissible, staleness
 
 
-def trajectory(group_id: str, task_id: str, index: int, version: int, error: str | None = None) -> Trajectory:
+def trajectory(group_id: str, task_id: str, index: int, version: int, error: str | None = None,
+               reward: float | None = None) -> Trajectory:  # fmt: skip
     return Trajectory(trajectory_id=f"{group_id}-{index}", task_id=task_id, group_id=group_id,
                       token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], logprobs=[0, 0, -1, -1],
-                      policy_versions=[-1, -1, version, version], prompt_length=2, final_reward=float(index),
+                      policy_versions=[-1, -1, version, version], prompt_length=2,
+                      final_reward=float(index) if reward is None else reward,
                       finish_reason="error" if error else "submitted", error=error)  # fmt: skip
 
 
 class WorkQueue:
-    """Groups submitted; `finish(version)` completes every open one as if sampled by `version`."""
+    """Groups submitted; `finish(version)` completes every open one as if sampled by `version`. Members
+    of a group get different rewards, except for the tasks in `uniform` (all 0: too hard)."""
 
     def __init__(self, servers: int = 1) -> None:
         self.ids = itertools.count()
@@ -30,6 +33,7 @@ class WorkQueue:
         self.done: list[Trajectory] = []
         self.submitted: list[SubmittedGroup] = []
         self.servers, self.down, self.lost = servers, set(), []
+        self.uniform: set[str] = set()
 
     def crash(self, server: int) -> None:
         """The server dies with its open groups; the next collect reports it lost."""
@@ -50,7 +54,8 @@ class WorkQueue:
         finishing, self.open = self.open[:count], self.open[len(self.open[:count]) :]
         for g in finishing:
             self.done += [trajectory(g.group_id, g.task_id, i, version, "sandbox lost" if error_first and i == 0
-                                     else None) for i in range(g.size)]  # fmt: skip
+                                     else None, 0.0 if g.task_id in self.uniform else None)
+                          for i in range(g.size)]  # fmt: skip
 
     def collect(self, wait: float) -> Collected:
         out, self.done = self.done, []
@@ -58,9 +63,15 @@ class WorkQueue:
         return Collected(out, lost=lost)
 
 
-def feed(queue: WorkQueue, asynchronous: bool, max_staleness: int = 1, state: FeedState | None = None):
+def differ(group: list[Trajectory]) -> bool:
+    return len({t.final_reward for t in group}) > 1
+
+
+def feed(queue: WorkQueue, asynchronous: bool, max_staleness: int = 1, state: FeedState | None = None,
+         has_signal=None, on_drop=None):  # fmt: skip
     return RolloutFeed(queue, [f"t{i}" for i in range(10)], group_size=2, groups_per_step=2,
-                       asynchronous=asynchronous, max_staleness=max_staleness, seed=100, state=state)  # fmt: skip
+                       asynchronous=asynchronous, max_staleness=max_staleness, seed=100, state=state,
+                       has_signal=has_signal, on_drop=on_drop)  # fmt: skip
 
 
 def test_staleness_counts_versions_behind_the_oldest_token():
@@ -214,3 +225,71 @@ def test_the_task_cursor_walks_the_tasks_in_order(asynchronous):
         f.next_batch(version=version, stop=lambda v=version: queue.finish(version=v) or False, poll=0)
     tasks = [g.task_id for g in queue.submitted]
     assert tasks == [f"t{i}" for i in range(len(tasks))]
+
+
+# ------------------------------------------------------------------------------------ dynamic sampling
+def test_sync_drops_groups_without_signal_and_draws_more_until_the_batch_is_full():
+    queue = WorkQueue()
+    queue.uniform = {"t0", "t2"}
+    dropped = []
+    f = feed(queue, asynchronous=False, has_signal=differ, on_drop=lambda: dropped.append(1))
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    # t0 and t2 had one reward for all members: each was dropped and the next task drawn at once
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t2", "t3"]
+    assert [g.seed for g in queue.submitted] == [100, 101, 102, 103]
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t1", "t3"] and len(batch.trajectories) == 4
+    assert batch.groups_dropped == 2 and len(dropped) == 2 and batch.uniform_group_fraction == 0.5
+    assert batch.staleness == [0] * 4 and not queue.open  # all from the current policy, nothing left running
+    assert f.batches_without_signal == 0  # t3 had signal
+
+
+def test_async_replaces_a_dropped_group_and_keeps_the_batches_in_flight():
+    queue = WorkQueue()
+    queue.uniform = {"t1"}
+    f = feed(queue, asynchronous=True, max_staleness=1, has_signal=differ)
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, count=1) or False, poll=0)
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t0", "t2"] and batch.groups_dropped == 1
+    assert len(queue.open) == 4  # (1 + maxStaleness) batches in flight again: t3, t4 (t1's replacement), t5, t6
+    state = f.state()  # the replacement is in flight, so a resumed learner submits it again
+    assert ("t4", 104) in state.in_flight and state.task_cursor == 7
+    nxt = f.next_batch(version=1, stop=lambda: queue.finish(version=1) or False, poll=0)
+    assert nxt.groups_dropped == 0 and nxt.uniform_group_fraction == 0.0  # counted once, with its batch
+
+
+def test_groups_with_equal_rewards_are_trained_without_dynamic_sampling():
+    queue = WorkQueue()
+    queue.uniform = {"t0", "t1"}
+    f = feed(queue, asynchronous=False)
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert len(batch.trajectories) == 4 and batch.groups_dropped == 0 and f.batches_without_signal == 0
+
+
+def test_batches_without_signal_count_batch_sized_runs_until_a_group_with_signal():
+    queue = WorkQueue()
+    queue.uniform = {f"t{i}" for i in range(10)}
+    f = feed(queue, asynchronous=False, has_signal=differ)
+    seen = []
+
+    def servers() -> bool:  # the learner's stop check: the breaker's limit, 3 batches without signal
+        seen.append(f.batches_without_signal)
+        if f.batches_without_signal >= 3:
+            return True
+        queue.finish(version=0, count=1)
+        return False
+
+    assert f.next_batch(version=0, stop=servers, poll=0) is None  # the wait ends: no spinning forever
+    assert seen == [0, 0, 1, 1, 2, 2, 3]  # 2 groups a batch: one more batch without signal every 2 groups
+    queue.uniform.clear()
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert f.batches_without_signal == 0 and batch.groups_dropped == 6  # signal again: the count starts over
+
+
+def test_a_group_left_with_one_usable_member_after_its_reruns_has_no_signal():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=False, has_signal=differ)
+    polls = itertools.count()  # the first run and both reruns of t0 and t1 lose a sandbox
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=next(polls) < 3) or False,
+                         poll=0)  # fmt: skip
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1", "t0", "t1", "t2", "t3"]
+    assert batch.groups_dropped == 2 and batch.failed == 0  # one member is no baseline: both dropped
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t2", "t3"]

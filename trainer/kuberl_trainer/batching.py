@@ -24,6 +24,9 @@ from kuberl_trainer.algorithms.advantages import (
 )
 from kuberl_trainer.step import TokenBatch
 
+# Rewards closer than this count as equal (dynamic sampling): float noise from a reward function is not signal.
+UNIFORM_TOLERANCE = 1e-6
+
 
 @dataclass
 class Collated:
@@ -76,6 +79,29 @@ def collate(trajectories: list[Trajectory], pad_id: int) -> Collated:
 
 def uses_value_head(algorithm: AlgorithmSpec) -> bool:
     return algorithm.name == AlgorithmName.PPO
+
+
+def filters_uniform_groups(algorithm: AlgorithmSpec) -> bool:
+    """Dynamic sampling applies: the advantages are group-relative (grpo, rloo), so a group whose
+    rewards are all equal has none. ppo's value-head baseline gives such a group advantages still."""
+    return algorithm.dynamic_sampling and not uses_value_head(algorithm)
+
+
+def has_signal(group: list[Trajectory], algorithm: AlgorithmSpec) -> bool:
+    """Whether a group's group-relative advantages can be non-zero: the rewards they are computed from (the
+    outcome reward; with turn or prm credit each turn's return) differ within the group by more than
+    `UNIFORM_TOLERANCE`. Compared before grpo's division by the spread, which would magnify noise."""
+    collated = collate(group, pad_id=0)
+    group_ids = torch.zeros(len(group), dtype=torch.long)
+    if algorithm.credit_assignment.mode == CreditAssignmentMode.OUTCOME:
+        centred = grpo(collated.rewards.double(), group_ids, normalize_std=False)
+    else:
+        gamma, valid = algorithm.credit_assignment.gamma, collated.turn_valid
+        returns = turn_returns(collated.turn_rewards.double(), valid, collated.rewards.double(), gamma)
+        centred = torch.stack(
+            [grpo(returns[:, k], group_ids, valid[:, k], normalize_std=False) for k in range(returns.shape[1])]
+        )
+    return bool(centred.abs().max() > UNIFORM_TOLERANCE)
 
 
 def group_advantages(collated: Collated, algorithm: AlgorithmSpec) -> torch.Tensor:

@@ -19,6 +19,7 @@ class Progress:
     elapsed_seconds: float  # since the job started (not this process)
     consecutive_skipped: int  # steps in a row skipped for a non-finite loss or gradient
     mismatch_kl: float
+    batches_without_signal: int = 0  # batch-sized runs of dropped equal-reward groups in a row (dynamic sampling)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ def stop_for(spec: RLJobSpec, progress: Progress) -> Stop | None:
                     f"rollout/learner mismatch KL {progress.mismatch_kl:.3g} > limits.maxMismatchKl "
                     f"{limits.max_mismatch_kl}: the engines sample from another policy than the learner "
                     "trains")  # fmt: skip
+    if progress.batches_without_signal >= limits.max_batches_without_signal:
+        return Stop(Phase.FAILED, Reason.NO_LEARNING_SIGNAL,
+                    f"{progress.batches_without_signal} batches in a row had no learning signal: in every group "
+                    "drawn, all trajectories got the same reward, so dynamic sampling left each out "
+                    f"(limits.maxBatchesWithoutSignal: {limits.max_batches_without_signal}). The tasks are all "
+                    "too hard or all too easy for the policy, or the reward does not vary")  # fmt: skip
     if limits.max_steps is not None and progress.step >= limits.max_steps:
         return Stop(Phase.STOPPED, Reason.MAX_STEPS_REACHED, f"reached limits.maxSteps ({limits.max_steps})")
     if progress.step >= spec.training.total_steps:

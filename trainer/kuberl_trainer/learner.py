@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +26,15 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import TrainingMode
 from kuberl.api.status import Phase
 from kuberl_trainer.algorithms.losses import LossConfig
-from kuberl_trainer.batching import collate, group_advantages, shard, uses_value_head, with_gae
+from kuberl_trainer.batching import (
+    collate,
+    filters_uniform_groups,
+    group_advantages,
+    has_signal,
+    shard,
+    uses_value_head,
+    with_gae,
+)
 from kuberl_trainer.breakers import Progress, Stop, stop_for
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
@@ -109,19 +118,26 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
     consecutive_skipped = 0
     last_mismatch = 0.0
     stop: Stop | None = None
+
+    def progress() -> Progress:  # rank 0
+        return Progress(state.step, time.time() - started_at, consecutive_skipped, last_mismatch,
+                        driver.feed.batches_without_signal)  # fmt: skip
+
+    def stop_waiting() -> bool:  # rank 0: a limit reached while waiting for a batch ends the wait too
+        return stop_signal.requested or stop_for(spec, progress()) is not None
+
     while True:
         # a SIGTERM to any rank's pod (a node drain, a preemption) stops the whole gang with a final checkpoint
         signalled = all_reduce_sums([float(stop_signal.requested)])[0] > 0
         if rank == 0:
-            progress = Progress(state.step, time.time() - started_at, consecutive_skipped, last_mismatch)
-            stop = stop_for(spec, progress) or (_signalled() if signalled else None)
+            stop = stop_for(spec, progress()) or (_signalled() if signalled else None)
         stop = broadcast_object(stop)
         if stop is not None:
             break
         began = time.monotonic()
         batch: Batch | None = None
         if driver:
-            batch = driver.feed.next_batch(state.policy_version, stop=lambda: stop_signal.requested)
+            batch = driver.feed.next_batch(state.policy_version, stop=stop_waiting)
         batch = broadcast_object(batch)
         if batch is None:
             continue  # a stop was requested while waiting: the check above ends the loop
@@ -201,10 +217,11 @@ def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingSta
     saved = FeedState(state.task_cursor, state.pending_trajectories, [tuple(x) for x in state.in_flight])
     publisher = WeightPublisher(client, background=asynchronous)
     groups_per_step = spec.training.trajectories_per_step // spec.algorithm.group_size
-    feed = RolloutFeed(client, task_ids, spec.algorithm.group_size, groups_per_step, asynchronous,
-                       spec.training.max_staleness, spec.training.seed, saved,
-                       on_restart=publisher.catch_up)  # fmt: skip
     metrics = LearnerMetrics()
+    signal_of = partial(has_signal, algorithm=spec.algorithm) if filters_uniform_groups(spec.algorithm) else None
+    feed = RolloutFeed(client, task_ids, spec.algorithm.group_size, groups_per_step, asynchronous,
+                       spec.training.max_staleness, spec.training.seed, saved, on_restart=publisher.catch_up,
+                       has_signal=signal_of, on_drop=metrics.groups_dropped.inc)  # fmt: skip
     if metrics_port is not None:
         metrics.serve(metrics_port)
     status = StatusFile(run_dir / "status.json", ClusterStatus.from_environment())
@@ -236,6 +253,7 @@ def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waite
         "resolved_rate": sum(t.resolved is True for t in batch.trajectories) / max(len(batch.trajectories), 1),
         "trajectories": len(batch.trajectories),
         "failed": batch.failed, "stale_dropped": batch.stale_dropped, "resubmitted": batch.resubmitted,
+        "groups_dropped": batch.groups_dropped, "uniform_group_fraction": round(batch.uniform_group_fraction, 4),
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
         "staleness_max": max(batch.staleness, default=0), "mismatch_kl": report["mismatch_kl"],
         "kl_ref": report["kl_ref"], "entropy": report["entropy"], "value_loss": report["value_loss"],
@@ -267,6 +285,7 @@ def _record(driver: Driver, line: dict, report: dict, collated, batch: Batch, ch
     m.trajectories.labels("failed").inc(batch.failed)
     m.trajectories.labels("stale").inc(batch.stale_dropped)
     m.resubmitted.inc(batch.resubmitted)
+    m.uniform_group_ratio.set(line["uniform_group_fraction"])
     for phase, key in zip(PHASES, ("wait_s", "train_s", "weight_sync_s", "checkpoint_s"), strict=True):
         m.phase_seconds.labels(phase).observe(line[key])
     for value in batch.staleness:

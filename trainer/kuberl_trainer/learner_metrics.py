@@ -36,6 +36,7 @@ class LearnerMetrics:
         self.mismatch_kl = gauge("mismatch_kl", "KL of rollout-engine to learner log-probs of the sampled tokens.")
         self.grad_norm = gauge("grad_norm", "Gradient norm before clipping.")
         self.tokens_per_second = gauge("tokens_per_second", "Trained generated tokens per second of step time.")
+        self.uniform_group_ratio = gauge("uniform_group_ratio", "Latest batch: fraction of drawn groups dropped.")
         self.last_checkpoint_step = gauge("checkpoint_last_step", "Step of the newest complete checkpoint.")
         self.last_checkpoint_time = gauge("checkpoint_last_timestamp_seconds",
                                           "Unix time the newest complete checkpoint was written.")  # fmt: skip
@@ -45,6 +46,9 @@ class LearnerMetrics:
         self.resubmitted = Counter("kuberl_learner_groups_resubmitted_total",
                                    "Task groups submitted again (a lost rollout server, a failed episode).",
                                    registry=r)  # fmt: skip
+        self.groups_dropped = Counter("kuberl_learner_groups_dropped_total",
+                                      "Task groups dropped by dynamic sampling: every trajectory had the same reward.",
+                                      registry=r)  # fmt: skip
         self.trajectories = Counter("kuberl_learner_trajectories_total", "Trajectories received, by outcome.",
                                     ["outcome"], registry=r)  # fmt: skip
         self.phase_seconds = Histogram(

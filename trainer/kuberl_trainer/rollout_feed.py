@@ -7,6 +7,11 @@ waits for training (`maxStaleness + 1` batches); a group is admitted while its o
 `maxStaleness` versions behind the learner, else it is dropped, counted and its task submitted again.
 A group is the unit of admission because group-relative advantages need all of its members.
 
+Dynamic sampling (`has_signal` given): a finished group whose rewards are all equal teaches a group
+baseline nothing; it is dropped, counted, and the next task is submitted in its place, so a batch still
+holds `groups_per_step` groups, all with signal. `batches_without_signal` counts the batch-sized runs of
+such groups in a row (the NoLearningSignal breaker's input).
+
 Nothing is lost to a failure: the groups of a rollout server that went down or restarted are submitted
 again elsewhere, and a group with a failed episode (a sandbox lost mid-trajectory) is run again, up
 to `MAX_RERUNS` times, before it is trained without the failed members.
@@ -41,6 +46,13 @@ class Batch:
     resubmitted: int  # groups submitted again since the previous batch (lost server, failed episode)
     staleness: list[int]  # per usable trajectory, at the learner version it is trained at
     wait_seconds: float
+    groups_dropped: int = 0  # groups without signal (equal rewards) dropped since the previous batch
+
+    @property
+    def uniform_group_fraction(self) -> float:
+        """Of the groups drawn for this batch (dropped and kept), the fraction dropped for equal rewards."""
+        kept = len({t.group_id for t in self.trajectories})
+        return self.groups_dropped / max(self.groups_dropped + kept, 1)
 
 
 @dataclass
@@ -56,7 +68,9 @@ class FeedState:
 class RolloutFeed:
     def __init__(self, client: RolloutClient, task_ids: list[str], group_size: int, groups_per_step: int,
                  asynchronous: bool, max_staleness: int, seed: int, state: FeedState | None = None,
-                 on_restart: Callable[[int], None] | None = None) -> None:  # fmt: skip
+                 on_restart: Callable[[int], None] | None = None,
+                 has_signal: Callable[[list[Trajectory]], bool] | None = None,
+                 on_drop: Callable[[], None] | None = None) -> None:  # fmt: skip
         if not task_ids:
             raise ValueError("no tasks to train on: check spec.environment.tasks")
         self.client, self.task_ids, self.group_size = client, task_ids, group_size
@@ -70,6 +84,10 @@ class RolloutFeed:
         self.ready: list[list[Trajectory]] = _regroup([Trajectory.model_validate(t) for t in state.ready])
         self.orphans = 0  # trajectories of groups this learner did not submit (before a restart)
         self.on_restart = on_restart  # a server came back: it needs the current weights
+        self.has_signal = has_signal  # dynamic sampling: keep a finished group only if it teaches
+        self.on_drop = on_drop  # a group without signal was dropped (counted live, not per batch)
+        self.uniform_in_a_row = 0  # groups without signal since the last group with signal
+        self._groups_dropped = 0
         self._stale_dropped = 0
         self._resubmitted = 0
         self._reruns: dict[tuple[str, int], int] = {}
@@ -98,11 +116,16 @@ class RolloutFeed:
         usable = [t for g in groups for t in g if t.error is None]
         failed = sum(len(g) for g in groups) - len(usable)
         batch = Batch(usable, failed, self._stale_dropped, self._resubmitted, [staleness(t, version) for t in usable],
-                      time.monotonic() - started)  # fmt: skip
-        self._stale_dropped = self._resubmitted = 0
+                      time.monotonic() - started, self._groups_dropped)  # fmt: skip
+        self._stale_dropped = self._resubmitted = self._groups_dropped = 0
         if self.asynchronous:
             self._refill()  # the next batch is generated while this one trains
         return batch
+
+    @property
+    def batches_without_signal(self) -> int:
+        """Batch-sized runs of groups without signal in a row (0 without dynamic sampling)."""
+        return self.uniform_in_a_row // self.groups_per_step
 
     def state(self) -> FeedState:
         in_flight = [(g.task_id, g.seed) for g in self.in_flight.values()] + list(self._unplaced)
@@ -122,10 +145,13 @@ class RolloutFeed:
         if not self.asynchronous and (self.in_flight or self.ready or self._unplaced):
             return
         while len(self.in_flight) + len(self.ready) + len(self._unplaced) < self._target_in_flight():
-            task_id = self.task_ids[self.cursor % len(self.task_ids)]
-            if not self._place(task_id, self.seed + self.cursor):
+            if not self._place(*self._next_task()):
                 return  # every server is down: try again at the next poll
             self.cursor += 1
+
+    def _next_task(self) -> tuple[str, int]:
+        """The (task, seed) at the cursor: tasks in order, a seed of its own for every draw."""
+        return self.task_ids[self.cursor % len(self.task_ids)], self.seed + self.cursor
 
     def _submit(self, task_id: str, seed: int) -> None:
         """Submit now, or as soon as a server answers (the group is never dropped)."""
@@ -167,8 +193,28 @@ class RolloutFeed:
             self._resubmitted += 1
             self._submit(group.task_id, group.seed)
             return
+        if self._without_signal(members):
+            return
         if self._admit(members, version, resubmit=(group.task_id, group.seed)):
             self.ready.append(members)
+
+    def _without_signal(self, group: list[Trajectory]) -> bool:
+        """Dynamic sampling: drop a group whose usable members' rewards are all equal, and draw the next
+        task in its place (now, while this batch is cut: in sync mode the weights have not moved yet). A
+        group of failed episodes only is neither: it is left to the failure accounting."""
+        usable = [t for t in group if t.error is None]
+        if self.has_signal is None or not usable:
+            return False
+        if self.has_signal(usable):
+            self.uniform_in_a_row = 0
+            return False
+        self.uniform_in_a_row += 1
+        self._groups_dropped += 1
+        if self.on_drop is not None:
+            self.on_drop()
+        self._submit(*self._next_task())
+        self.cursor += 1
+        return True
 
     def _admit(self, group: list[Trajectory], version: int, resubmit: tuple[str, int] | None = None) -> bool:
         if admissible(group, version, self.max_staleness):
