@@ -223,6 +223,7 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
 
     solve_rate = None
     if evaluate:
+        from kuberl.local.evaluate import summary_line
         from kuberl_sandbox.suites import load_tasks
         from kuberl_trainer.evaluation import evaluate as evaluate_tasks
         from kuberl_trainer.rollout_client import RolloutClient
@@ -231,7 +232,10 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
         held_out = load_tasks(job.spec.environment.name, tasks.uri, str(tasks.eval_split))
 
         def solve_rate(urls: list[str]) -> float:
-            return evaluate_tasks(RolloutClient(urls), held_out, seed=job.spec.training.seed).solve_rate
+            # the scorer of `kuberl evaluate`, on the job's own servers while no learner uses them
+            result = evaluate_tasks(RolloutClient(urls), held_out, seed=job.spec.training.seed)
+            click.echo(summary_line(result.summary()))
+            return result.solve_rate
 
     try:
         record = run_job(job, Path(job_file), Path(run_dir or f"runs/{job.name}"), model, resume, warm_up=warm_up,
@@ -243,6 +247,51 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
                + f" at step {record.step}: {record.message}")  # fmt: skip
     if record.phase == "Failed":
         raise SystemExit(1)
+
+
+@main.command("evaluate")
+@click.argument("policy", metavar="POLICY_DIR")
+@click.option("--job", "job_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The RLJob whose environment, rollout settings and evaluation split are used.")  # fmt: skip
+@click.option("--tasks", "tasks_uri", default=None,
+              help="Another task file (JSONL: local path, file:// or s3://) instead of the job's tasks.")  # fmt: skip
+@click.option("--split", default=None,
+              help="Split to score [the job's environment.tasks.evalSplit; with --tasks: all].")  # fmt: skip
+@click.option("--episodes", default=1, show_default=True, type=click.IntRange(min=1), help="Episodes per task.")
+@click.option("--output", default=None, type=click.Path(dir_okay=False),
+              help="Write the summary as JSON here [POLICY_DIR/../evaluation.json].")  # fmt: skip
+def evaluate_command(policy: str, job_file: str, tasks_uri: str | None, split: str | None, episodes: int,
+                     output: str | None) -> None:  # fmt: skip
+    """The held-out solve rate of a policy: the export of a run (runs/<job>/policy) or any Hugging Face
+    folder, served by the job's own rollout server and sandbox (`kuberl run` measures its before and
+    after numbers with the same scorer)."""
+    from pathlib import Path
+
+    from kuberl.local.evaluate import evaluate_policy, summary_line, write_summary
+    from kuberl.storage import check_model_folder
+    from kuberl.validation import ManifestError, load_rljob
+    from kuberl_sandbox.suites import load_tasks
+
+    try:
+        job = load_rljob(job_file)
+        check_model_folder(policy)
+        env = job.spec.environment
+        if tasks_uri is None:
+            tasks = load_tasks(env.name, env.tasks.uri, split or str(env.tasks.eval_split))
+        else:
+            tasks = load_tasks(env.name, tasks_uri, split)
+    except (ManifestError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    if not tasks:
+        raise click.UsageError(f"no tasks to evaluate in {tasks_uri or env.name} (split {split or 'all'})")
+    out = Path(output) if output else Path(policy).resolve().parent / "evaluation.json"
+    # the servers' logs stay beside the summary: a failed evaluation is explained there
+    summary = evaluate_policy(job, Path(job_file), policy, tasks, episodes, out.parent / f"{out.stem}-logs",
+                              log=click.echo)  # fmt: skip
+    summary["tasks_source"] = tasks_uri or f"{env.name}:{split or env.tasks.eval_split}"
+    write_summary(summary, out)
+    click.echo(summary_line(summary))
+    click.echo(f"summary written to {out}")
 
 
 @main.command("rollout-server")

@@ -133,11 +133,16 @@ class TrainingMode(StrEnum):
 class WarmupSpec(ApiModel):
     """Optional first stage: supervised fine-tuning on generated demonstrations of the tool format.
 
-    Demonstrations play scripted episodes in the sandbox with *random* edits drawn from the task's
-    candidate fixes, never the right one, so the model learns how to act and RL learns what to do."""
+    Demonstrations play scripted episodes in the sandbox. A fraction of them (`expertFraction`) make the
+    correct edit; the rest make a wrong one drawn from the task's candidate fixes. The warmed-up policy
+    then already solves some tasks and fails others, so RL starts where sampled groups disagree and has
+    to learn which of the behaviours it has seen the reward prefers."""
 
     demonstrations: int = Field(0, ge=0, le=1_000_000)
     """Demonstration episodes to generate; 0 skips the warm-up."""
+    expert_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Fraction of demonstrations that make the correct edit (the rest make a wrong candidate edit);
+    0 teaches the tool format only, 1 is plain supervised fine-tuning on expert episodes."""
     steps: int = Field(200, ge=1, le=1_000_000)
     """Supervised optimizer steps."""
     learning_rate: float = Field(3e-3, gt=0.0, le=1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,17 @@ def supervised_fit(
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    # a short linear warm-up, then cosine decay to a tenth: the last steps polish instead of jumping around,
+    # which is what exact copying (a file name, an expression) needs
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: (
+            (s + 1) / warmup
+            if s < warmup
+            else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
+        ),
+    )
     pad = tokenizer.pad_token_id or 0
     losses = []
     model.train()
@@ -47,6 +59,7 @@ def supervised_fit(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         losses.append(loss.item())
         if on_step is not None:
             on_step(len(losses), losses[-1])

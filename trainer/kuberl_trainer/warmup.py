@@ -2,9 +2,12 @@
 
 A tiny model cannot discover the `<tool_call>` syntax by sampling, so RL would see no reward at all. The
 warm-up plays scripted episodes against a real sandbox (run the tests, read the module, replace the buggy
-text, run the tests again, submit) and fine-tunes on their calls. The replacement is always one of the
-task's *wrong* candidates, never its fix: the model learns how to act and where to look, and any rise in
-solve rate afterwards is RL's doing (reading the right expression off the failing test).
+text, run the tests again, submit) and fine-tunes on their calls. A fraction of the demonstrations
+(`spec.training.warmup.expertFraction`) make the correct edit, the expression the failing test names; the
+rest make one of the task's *wrong* candidate edits. RL needs a policy that already succeeds sometimes
+(every GRPO group of all-failures has zero advantage); with a mix, the warmed-up policy solves some tasks
+and fails others, and a rise in the held-out solve rate afterwards is RL learning which of the two
+behaviours it has seen the reward prefers.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ def wrong_edits(task: Task) -> list[str]:
     return wrong
 
 
-def scripted_calls(task: Task, rng: random.Random) -> list[ToolCall]:
-    """One demonstration's calls: the swe-toy workflow with a random wrong edit (never the fix)."""
+def scripted_calls(task: Task, rng: random.Random, expert: bool = False) -> list[ToolCall]:
+    """One demonstration's calls: the swe-toy workflow with the fix (`expert`) or a random wrong edit."""
     meta = task.metadata
-    edit = {"path": meta["file"], "old": meta["buggy"], "new": rng.choice(wrong_edits(task))}
+    new = meta["fix"] if expert else rng.choice(wrong_edits(task))
+    edit = {"path": meta["file"], "old": meta["buggy"], "new": new}
     return [
         ToolCall(name="run_tests", arguments={}),  # first, so the failure message is in context for the edit
         ToolCall(name="read_file", arguments={"path": meta["file"]}),
@@ -61,14 +65,23 @@ async def make_demonstrations(
     seed: int = 0,
     concurrency: int = 8,
     system_prompt: str = SWE_SYSTEM_PROMPT,
+    expert_fraction: float = 0.0,
 ) -> list[Demonstration]:
-    """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in the sandbox; returns them in order."""
+    """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in the sandbox; returns them in order.
+    round(count * expert_fraction) of them, spread evenly over the plan, make the correct edit."""
     if not tasks:
         raise ValueError("no tasks to demonstrate: check spec.environment.tasks")
+    if not 0.0 <= expert_fraction <= 1.0:
+        raise ValueError(f"spec.training.warmup.expertFraction must be between 0 and 1, got {expert_fraction}")
     rng = random.Random(seed)
     order = list(tasks)
     rng.shuffle(order)
-    plan = [(order[i % len(order)], scripted_calls(order[i % len(order)], rng)) for i in range(count)]
+    plan = []
+    for i in range(count):
+        task = order[i % len(order)]
+        # evenly spread (Bresenham): every stretch of the plan holds the same share of expert episodes
+        expert = int((i + 1) * expert_fraction) > int(i * expert_fraction)
+        plan.append((task, scripted_calls(task, rng, expert)))
     client = SandboxClient(sandbox_url, sandbox_token)
     slots = asyncio.Semaphore(concurrency)
     finished = 0
@@ -104,10 +117,11 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, sandbox_ur
     started = time.monotonic()
     tasks = load_tasks(env.name, env.tasks.uri, str(env.tasks.split))
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
-    print(f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks",
-          flush=True)  # fmt: skip
+    print(f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
+          f"({warmup.expert_fraction:.0%} with the correct edit)", flush=True)  # fmt: skip
     demos = asyncio.run(make_demonstrations(tasks, warmup.demonstrations, sandbox_url, sandbox_token, chat,
-                                            seed=job.spec.training.seed))  # fmt: skip
+                                            seed=job.spec.training.seed,
+                                            expert_fraction=warmup.expert_fraction))  # fmt: skip
     unfinished = sum(not d.final_done for d in demos)
     if unfinished:
         raise RuntimeError(f"{unfinished} demonstrations never reached submit: the sandbox refused a scripted call")

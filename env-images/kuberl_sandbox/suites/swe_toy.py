@@ -447,9 +447,13 @@ def _call_text(function: Function, case: Case) -> str:
     return f"{function.name}({', '.join(repr(a) for a in case.args)})"
 
 
-def _expectation(function: Function) -> str:
-    # The failing assertion names the right expression: reading the test output tells which edit to make.
-    return json.dumps(f"{function.signature} should use {function.site}")
+def _expectation(function: Function, module: Module) -> str:
+    # The failing assertion names the right expression and, for the buggy function, the wrong one it has (as
+    # a regression test written by whoever found the bug would): the test output tells which edit to make.
+    # Quoting the wrong expression lets a small model copy the edit's `old` text from one cue, instead of
+    # finding the named function in the file first (a lookup a 2-layer model rarely got right: 48 in 112).
+    wrong = f", not {function.bug}" if function is module.target else ""
+    return json.dumps(f"{function.signature} should use {function.site}{wrong}")
 
 
 def _class_name(module: str) -> str:
@@ -468,7 +472,8 @@ def _test_file(module: Module, class_name: str, methods: list[tuple[str, list[st
 def _visible_tests(module: Module, cases: dict[str, list[Case]]) -> str:
     methods = []
     for f in module.functions:
-        asserts = [f"self.assertEqual({_call_text(f, c)}, {c.expected!r}, {_expectation(f)})" for c in cases[f.name]]
+        message = _expectation(f, module)
+        asserts = [f"self.assertEqual({_call_text(f, c)}, {c.expected!r}, {message})" for c in cases[f.name]]
         methods.append((f"test_{f.name}", asserts))
     return _test_file(module, f"Test{_class_name(module.name)}", methods)
 
