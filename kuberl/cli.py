@@ -161,16 +161,20 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
     folder = build_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=max(1, hidden_size // 32), seed=seed)
     click.echo(f"wrote {folder}")
     if copy_pretraining:
-        from kuberl.modeling.copy_pretraining import DEFAULT_CURRICULUM, pretrain_copying
+        from kuberl.modeling.copy_pretraining import DEFAULT_CURRICULUM, CopyPretrainingFailed, pretrain_copying
 
         def progress(stage: int, step: int, loss: float, accuracy: float) -> None:
-            steps = DEFAULT_CURRICULUM[stage].steps
-            if step % 100 == 0 or step == steps:
-                click.echo(f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/{steps}, "
-                           f"loss {loss:.3f}, copy accuracy {accuracy:.2f}")  # fmt: skip
+            current = DEFAULT_CURRICULUM[stage]
+            if step % 100 == 0 or step == current.steps:
+                words = f"{current.vocabulary} tokens" if current.vocabulary else "the whole vocabulary"
+                click.echo(f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/"
+                           f"{current.steps}, loss {loss:.3f}, copy accuracy {accuracy:.2f} ({words})")  # fmt: skip
 
-        accuracies = pretrain_copying(folder, seed=seed, on_progress=progress)
-        click.echo(f"copy pretraining: done, copy accuracy {accuracies[-1]:.2f}")
+        try:
+            accuracies = pretrain_copying(folder, seed=seed, on_progress=progress)
+        except CopyPretrainingFailed as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(f"copy pretraining: done, copy accuracy per stage {', '.join(f'{a:.2f}' for a in accuracies)}")
 
 
 @main.command("run")
@@ -268,6 +272,7 @@ def evaluate_command(policy: str, job_file: str, tasks_uri: str | None, split: s
     from pathlib import Path
 
     from kuberl.local.evaluate import evaluate_policy, summary_line, write_summary
+    from kuberl.rewards import check_tasks, resolve_reward
     from kuberl.storage import check_model_folder
     from kuberl.validation import ManifestError, load_rljob
     from kuberl_sandbox.suites import load_tasks
@@ -280,6 +285,8 @@ def evaluate_command(policy: str, job_file: str, tasks_uri: str | None, split: s
             tasks = load_tasks(env.name, env.tasks.uri, split or str(env.tasks.eval_split))
         else:
             tasks = load_tasks(env.name, tasks_uri, split)
+        # before any server starts: a task the job's reward cannot score is a usage error
+        check_tasks(resolve_reward(job.spec.reward.function), tasks, tasks_uri or env.tasks.uri or env.name)
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     if not tasks:

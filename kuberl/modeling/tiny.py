@@ -30,6 +30,11 @@ def _corpus(tasks: int, seed: int) -> list[str]:
         call = {"name": "replace", "arguments": {"path": meta["file"], "old": meta["buggy"], "new": meta["fix"]}}
         texts.append("<tool_call>" + json.dumps(call) + "</tool_call>")
     texts.append('<tool_call>{"name": "run_tests", "arguments": {}}</tool_call> Ran 3 tests in 0.001s OK FAILED')
+    # unittest's report frames every failure with 70-character rules: without merges for them each rule
+    # was 70 tokens, over half of an episode's tokens
+    rules = ("=" * 70, "-" * 70)
+    texts += [f"{rules[0]}\nFAIL: test_x (test_m.TestM.test_x)\n{rules[1]}\nTraceback (most recent call last):\n"
+              f"\n{rules[1]}\nRan 3 tests\n\nFAILED (failures=1)\n[2/3 tests passed]"] * 50  # fmt: skip
     return texts
 
 

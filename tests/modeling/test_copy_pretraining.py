@@ -25,7 +25,7 @@ def test_a_short_curriculum_teaches_a_random_model_to_copy(tmp_path):
     probe, _ = copy_batch(torch.Generator().manual_seed(123), batch_size=8, length=24, first_token=6, vocabulary=128)
     before = copy_accuracy(model(), probe, 24)
     seen = []
-    curriculum = (CopyStage(steps=800, vocabulary=128, min_length=8, max_length=40, learning_rate=1e-3),)
+    curriculum = (CopyStage(steps=800, vocabulary=128, min_length=8, max_length=40, learning_rate=1e-3, batch_size=32),)
     accuracies = pretrain_copying(path, curriculum, seed=0, on_progress=lambda *args: seen.append(args))
     after = copy_accuracy(model(), probe, 24)  # sequences it never trained on
     assert before < 0.1 and after > 0.8 and accuracies[0] > 0.9, (before, after, accuracies)

@@ -43,9 +43,9 @@ def test_probes_are_the_first_check_and_the_correct_edit_in_the_real_episode(san
     assert parse_tool_call(tokenizer.decode(check.action_ids[:-1])).name == "run_tests"
     call = parse_tool_call(tokenizer.decode(edit.action_ids[:-1]))
     assert call.arguments == {"path": task.metadata["file"], "old": task.metadata["buggy"], "new": task.metadata["fix"]}
-    # the edit's context is the real episode: the failing test named the fix, and the file was read
+    # the edit's context is the real episode: the failing test named the fix and the wrong expression
     context = tokenizer.decode(edit.context_ids)
-    assert f"should use {task.metadata['fix']}" in context and task.files[task.metadata["file"]].strip() in context
+    assert f"should use {task.metadata['fix']}, not {task.metadata['buggy']}" in context
     assert edit.context_ids[: len(check.context_ids)] == check.context_ids
 
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)

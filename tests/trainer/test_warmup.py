@@ -57,8 +57,8 @@ def test_the_script_edits_the_buggy_text_with_a_wrong_candidate_on_every_task():
     for task in load_tasks("swe-toy"):
         meta = task.metadata
         calls = scripted_calls(task, rng)
-        assert [c.name for c in calls] == ["run_tests", "read_file", "replace", "run_tests", "submit"]
-        edit = calls[2].arguments
+        assert [c.name for c in calls] == ["run_tests", "replace", "run_tests", "submit"]
+        edit = calls[1].arguments
         assert (edit["path"], edit["old"]) == (meta["file"], meta["buggy"])
         assert edit["new"] in meta["candidates"] and edit["new"] != meta["fix"]
         assert meta["fix"] not in "".join(format_tool_call(c) for c in calls)
@@ -67,7 +67,23 @@ def test_the_script_edits_the_buggy_text_with_a_wrong_candidate_on_every_task():
 def test_the_script_draws_different_wrong_edits(train_tasks):
     task = next(t for t in train_tasks if len(t.metadata["candidates"]) >= 3)
     rng = random.Random(0)
-    assert len({scripted_calls(task, rng)[2].arguments["new"] for _ in range(50)}) >= 2
+    assert len({scripted_calls(task, rng)[1].arguments["new"] for _ in range(50)}) >= 2
+
+
+def test_expert_demonstrations_make_the_fix_at_the_fraction_asked(sandbox, tiny, train_tasks):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tasks = train_tasks[:5]
+    demos = asyncio.run(make_demonstrations(tasks, 10, sandbox.url, sandbox.token, ChatFormat(tokenizer), seed=1,
+                                            expert_fraction=0.3))  # fmt: skip
+    fixes = 0
+    for demo in demos:
+        calls = [tokenizer.decode(s[:-1]) for s in masked_segments(demo.token_ids, demo.loss_mask)]
+        edit = parse_tool_call(calls[1]).arguments
+        task = next(t for t in tasks if t.metadata["file"] == edit["path"] and t.metadata["buggy"] == edit["old"])
+        fixes += edit["new"] == task.metadata["fix"]
+    assert fixes == 3  # round(10 * 0.3), spread over the plan
+    with pytest.raises(ValueError, match="expertFraction"):
+        asyncio.run(make_demonstrations(tasks, 2, sandbox.url, sandbox.token, ChatFormat(tokenizer), expert_fraction=2))
 
 
 def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbox, tiny, train_tasks):
@@ -77,14 +93,15 @@ def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbo
     for demo in demos:
         assert demo.final_done and len(demo.loss_mask) == len(demo.token_ids)
         full = tokenizer.decode(demo.token_ids)
-        task = next(t for t in tasks if t.files[t.metadata["file"]] in full)  # the module it read
+        edit = parse_tool_call(tokenizer.decode(masked_segments(demo.token_ids, demo.loss_mask)[1][:-1])).arguments
+        task = next(t for t in tasks if t.metadata["file"] == edit["path"] and t.metadata["buggy"] == edit["old"])
         segments = masked_segments(demo.token_ids, demo.loss_mask)
         calls = [tokenizer.decode(s[:-1]) for s in segments]
         assert all(s[-1] == tokenizer.eos_token_id for s in segments)  # each call ends its turn
-        assert [parse_tool_call(c).name for c in calls] == ["run_tests", "read_file", "replace", "run_tests", "submit"]
+        assert [parse_tool_call(c).name for c in calls] == ["run_tests", "replace", "run_tests", "submit"]
         trained = "".join(calls)
         assert task.metadata["fix"] not in trained
-        assert parse_tool_call(calls[2]).arguments["new"] != task.metadata["fix"]
+        assert parse_tool_call(calls[1]).arguments["new"] != task.metadata["fix"]
         # the failing test names the fix: it is in the context, but only as an observation (not trained on)
         assert task.metadata["fix"] in full
         context = tokenizer.decode([t for t, m in zip(demo.token_ids, demo.loss_mask, strict=True) if not m])

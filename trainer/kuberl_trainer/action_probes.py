@@ -9,12 +9,14 @@ scores the action's tokens under a model by teacher forcing. Probes only measure
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kuberl.api.environment import Environment, Task, ToolCall
 from kuberl.modeling.chat import ChatFormat
 from kuberl_trainer.demonstrations import record_demonstration
+from kuberl_trainer.warmup import scripted_calls
 
 CHECK, EDIT = "check the error", "correct edit"
 
@@ -30,21 +32,17 @@ class ActionProbe:
 
 
 def swe_toy_calls(task: Task) -> list[ToolCall]:
-    """The workflow up to and including the correct edit."""
-    meta = task.metadata
-    return [
-        ToolCall(name="run_tests", arguments={}),
-        ToolCall(name="read_file", arguments={"path": meta["file"]}),
-        ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": meta["fix"]}),
-    ]
+    """The warm-up's workflow up to and including the correct edit."""
+    calls = scripted_calls(task, random.Random(0), expert=True)
+    return calls[: [c.name for c in calls].index("replace") + 1]
 
 
 async def swe_toy_probes(env: Environment, chat: ChatFormat, system_prompt: str, task: Task) -> list[ActionProbe]:
-    """The CHECK probe (first move) and the EDIT probe (after running the tests and reading the file)."""
+    """The CHECK probe (first move) and the EDIT probe (after running the tests)."""
     demo = await record_demonstration(env, chat, system_prompt, task, swe_toy_calls(task))
     spans = _masked_spans(demo.loss_mask)
     probes = []
-    for action, (start, end) in ((CHECK, spans[0]), (EDIT, spans[2])):
+    for action, (start, end) in ((CHECK, spans[0]), (EDIT, spans[-1])):
         probes.append(ActionProbe(task.task_id, action, demo.token_ids[:start], demo.token_ids[start:end]))
     return probes
 

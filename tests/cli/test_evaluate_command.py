@@ -1,0 +1,77 @@
+"""`kuberl evaluate`: the held-out solve rate of a policy folder, served by the job's own rollout server and
+sandbox; bad input is one line naming the field or file, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import BASE_MANIFEST, REPO
+from helpers.tiny_job import tiny_job_spec
+
+from kuberl.modeling.tiny import build_tiny_model
+from kuberl_sandbox.suites import load_tasks
+from kuberl_sandbox.suites.store import write_jsonl
+
+KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
+
+
+def kuberl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return subprocess.run([KUBERL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def job_file(tmp_path: Path, spec: dict) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**BASE_MANIFEST, "metadata": {"name": "evaluate-me"}, "spec": spec}))
+    return str(path)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def test_a_policy_folder_that_is_not_a_model_is_one_line_naming_it(tmp_path):
+    job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
+    (tmp_path / "policy").mkdir()
+    error = one_line_error(kuberl("evaluate", str(tmp_path / "policy"), "--job", job))
+    assert f"{tmp_path / 'policy'}: no config.json" in error
+
+
+def test_a_task_file_without_fail_to_pass_is_refused_naming_the_file_and_field(tmp_path):
+    model = build_tiny_model(tmp_path / "m", hidden_size=64, layers=1, seed=1)
+    tasks = [t.model_copy(update={"fail_to_pass": None, "pass_to_pass": None}) for t in load_tasks("swe-toy")[:2]]
+    write_jsonl(tasks, tmp_path / "old.jsonl")
+    job = job_file(tmp_path, tiny_job_spec(model))
+    error = one_line_error(kuberl("evaluate", str(model), "--job", job, "--tasks", str(tmp_path / "old.jsonl")))
+    assert "old.jsonl" in error and "failToPass" in error
+
+
+def test_an_expert_fraction_outside_zero_to_one_is_refused_naming_the_field(tmp_path):
+    job = job_file(tmp_path, {"model": {"uri": "m"}, "training": {"warmup": {"demonstrations": 8,
+                                                                            "expertFraction": 1.5}}})  # fmt: skip
+    error = one_line_error(kuberl("validate", job))
+    assert "spec.training.warmup.expertFraction" in error
+
+
+@pytest.mark.slow
+def test_it_scores_a_task_file_and_writes_the_summary(tmp_path):
+    model = build_tiny_model(tmp_path / "m", hidden_size=64, layers=1, seed=1)
+    write_jsonl(load_tasks("swe-toy", split="test")[:3], tmp_path / "tasks.jsonl")
+    job = job_file(tmp_path, tiny_job_spec(model))
+    out = tmp_path / "eval.json"
+    result = kuberl("evaluate", str(model), "--job", job, "--tasks", str(tmp_path / "tasks.jsonl"), "--episodes", "2",
+                    "--output", str(out), timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())
+    # a random model solves nothing; every episode is accounted for
+    assert (summary["tasks"], summary["episodes"], summary["solved"], summary["solve_rate"]) == (3, 6, 0, 0.0)
+    assert summary["failed"] == 0 and summary["tasks_source"] == str(tmp_path / "tasks.jsonl")
+    assert "held-out solve rate 0.00 (0/6 episodes of 3 tasks)" in result.stdout
+    assert (tmp_path / "eval-logs" / "logs" / "rollout-0.log").exists()  # the servers' logs stay beside it
