@@ -241,16 +241,43 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
             click.echo(summary_line(result.summary()))
             return result.solve_rate
 
+    folder = Path(run_dir or f"runs/{job.name}")
     try:
-        record = run_job(job, Path(job_file), Path(run_dir or f"runs/{job.name}"), model, resume, warm_up=warm_up,
+        record = run_job(job, Path(job_file), folder, model, resume, warm_up=warm_up,
                          evaluate=solve_rate if evaluate and held_out else None, metrics_port=metrics_port,
                          metrics_linger_s=linger_s)  # fmt: skip
     except RunError as err:
         raise click.UsageError(str(err)) from None
+    if evaluate and held_out and record.phase != "Failed":
+        _credit_probes(folder, held_out)
     click.echo(f"\n{job.name}: {record.phase}" + (f" ({record.reason})" if record.reason else "")
                + f" at step {record.step}: {record.message}")  # fmt: skip
     if record.phase == "Failed":
         raise SystemExit(1)
+
+
+CREDIT_PROBE_TASKS = 30
+
+
+def _credit_probes(run_dir, held_out) -> None:
+    """The seed's credit-assignment test on the run's policy: log P of the correct edit and of the first check
+    on held-out swe-toy tasks, under the warmed-up model and under the trained policy (RUN_DIR/credit.json)."""
+    import json
+
+    from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+    from kuberl_sandbox.local import local_sandbox
+    from kuberl_trainer.action_probes import credit_report
+
+    before, after = run_dir / "warmup" / "model", run_dir / "policy"
+    tasks = [t for t in held_out if {"file", "buggy", "fix"} <= set(t.metadata)][:CREDIT_PROBE_TASKS]
+    if not tasks or not (before / "config.json").exists() or not (after / "config.json").exists():
+        return  # only swe-toy-like tasks have a known correct edit; only a warmed-up run has a "before"
+    click.echo(f"credit assignment: log P of the correct edit and of the first check on {len(tasks)} held-out tasks")
+    with local_sandbox() as sandbox:
+        report = credit_report(str(before), str(after), tasks, sandbox.url, sandbox.token, SWE_SYSTEM_PROMPT)
+    for action, numbers in report.items():
+        click.echo(f"  {action:>16}: {numbers['before']:8.3f} -> {numbers['after']:8.3f} ({numbers['change']:+.3f})")
+    (run_dir / "credit.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 @main.command("evaluate")

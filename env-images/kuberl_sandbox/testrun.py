@@ -25,6 +25,15 @@ class Resolution:
     def resolved(self) -> bool:
         return all(outcome.passed == outcome.total for outcome in (self.fail_to_pass, self.pass_to_pass))
 
+    def combined(self) -> TestOutcome:
+        """Both runs as one outcome (counts summed, outputs joined) carrying this verdict."""
+        runs = (self.fail_to_pass, self.pass_to_pass)
+        failed = [o.exit_code for o in runs if o.exit_code != 0]
+        return TestOutcome(total=sum(o.total for o in runs), passed=sum(o.passed for o in runs),
+                           output="\n".join(o.output for o in runs if o.output),
+                           exit_code=failed[0] if failed else 0, timed_out=any(o.timed_out for o in runs),
+                           resolution=self)  # fmt: skip
+
     def as_info(self) -> dict[str, object]:
         counts = {"failToPass": self.fail_to_pass, "passToPass": self.pass_to_pass}
         return {key: {"total": o.total, "passed": o.passed} for key, o in counts.items()} | {"resolved": self.resolved}

@@ -24,7 +24,7 @@ from pathlib import Path
 class CopyStage:
     steps: int
     vocabulary: int | None
-    """How many ordinary tokens the random sequences draw from; None: all of them."""
+    """How many ordinary tokens the random sequences draw from (the most used ones); None: all of them."""
     min_length: int
     max_length: int
     learning_rate: float
@@ -48,6 +48,7 @@ DEFAULT_CURRICULUM = (
 MIN_HEAD_ACCURACY = 0.9
 """Copy accuracy on the first stage's sequences below which the build fails: the head did not form or was lost."""
 RECORD = "copy_pretraining.json"
+RANKING = "token_ranking.json"
 WARMUP_STEPS = 50
 
 
@@ -55,17 +56,29 @@ class CopyPretrainingFailed(RuntimeError):
     """The model did not learn to copy (or forgot it): the warm-up and RL would start from nothing."""
 
 
-def copy_batch(generator, batch_size: int, length: int, first_token: int, vocabulary: int):
-    """(input_ids, labels) for `batch_size` sequences x + x, x of `length` random tokens drawn from
-    [first_token, first_token + vocabulary); labels are -100 except on the repeat after its first token
-    (which cannot be predicted: nothing says where the repeat starts)."""
+def copy_batch(generator, batch_size: int, length: int, tokens):
+    """(input_ids, labels) for `batch_size` sequences x + x, x of `length` tokens drawn at random from the
+    1-D tensor `tokens`; labels are -100 except on the repeat after its first token (which cannot be
+    predicted: nothing says where the repeat starts)."""
     import torch
 
-    x = torch.randint(first_token, first_token + vocabulary, (batch_size, length), generator=generator)
+    x = tokens[torch.randint(0, len(tokens), (batch_size, length), generator=generator)]
     ids = torch.cat([x, x], dim=1)
     labels = ids.clone()
     labels[:, : length + 1] = -100
     return ids, labels
+
+
+def token_ranking(path: Path, tokenizer) -> list[int]:
+    """The ordinary tokens to copy, most used first: the model folder's ranking (how often the text its
+    tokenizer was trained on uses each token, see kuberl.modeling.tiny) or else every ordinary token in id
+    order. Drawing the first stage from the most used tokens trains the embeddings that real text needs;
+    the byte-level tokens at the start of the id order are almost never used once BPE has merged them."""
+    ranked = path / RANKING
+    if ranked.is_file():
+        return [int(t) for t in json.loads(ranked.read_text())]
+    first = max(tokenizer.all_special_ids) + 1  # special tokens come first in the vocabulary
+    return list(range(first, len(tokenizer)))
 
 
 def copy_accuracy(model, ids, length: int) -> float:
@@ -98,12 +111,12 @@ def pretrain_copying(
     model.train()
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    first = max(tokenizer.all_special_ids) + 1  # special tokens come first in the vocabulary
-    available = len(tokenizer) - first
+    ranking = torch.tensor(token_ranking(path, tokenizer))
+    available = len(ranking)
     head = curriculum[0]
 
     def probe(vocabulary: int) -> float:
-        ids, _ = copy_batch(torch.Generator().manual_seed(seed + 1), 16, 24, first, vocabulary)
+        ids, _ = copy_batch(torch.Generator().manual_seed(seed + 1), 16, 24, ranking[:vocabulary])
         model.eval()
         accuracy = copy_accuracy(model, ids, 24)
         model.train()
@@ -122,8 +135,7 @@ def pretrain_copying(
             replay = stage.replay and step % 2 == 0
             drawn = head if replay else stage
             length = int(torch.randint(drawn.min_length, drawn.max_length + 1, (1,), generator=generator))
-            ids, labels = copy_batch(generator, drawn.batch_size, length, first,
-                                     min(drawn.vocabulary or available, available))  # fmt: skip
+            ids, labels = copy_batch(generator, drawn.batch_size, length, ranking[: drawn.vocabulary or available])
             loss = model(input_ids=ids, labels=labels).loss
             optimizer.zero_grad()
             loss.backward()

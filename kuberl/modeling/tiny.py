@@ -7,7 +7,10 @@ and tool calls, with a small chat template; `<|end|>` ends every message and is 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+
+from kuberl.modeling.copy_pretraining import RANKING
 
 ROLES = ("system", "user", "assistant", "tool")
 END, PAD = "<|end|>", "<|pad|>"
@@ -92,4 +95,13 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    # which tokens the training text uses, most used first: copy pretraining draws from them
+    (path / RANKING).write_text(json.dumps(corpus_token_ranking(tokenizer, seed=seed)))
     return path
+
+
+def corpus_token_ranking(tokenizer, tasks: int = 200, seed: int = 0) -> list[int]:
+    """The ordinary tokens that the tokenizer's training text uses, most used first."""
+    special = set(tokenizer.all_special_ids)
+    counts = Counter(t for text in _corpus(tasks, seed) for t in tokenizer.encode(text, add_special_tokens=False))
+    return [token for token, _ in counts.most_common() if token not in special]

@@ -75,3 +75,41 @@ def mean_logprobs(model, probes: Sequence[ActionProbe]) -> dict[str, float]:
     for probe in probes:
         out.setdefault(probe.action, []).append(action_logprob(model, probe))
     return {action: sum(values) / len(values) for action, values in out.items()}
+
+
+def credit_report(before: str, after: str, tasks: Sequence[Task], sandbox_url: str, sandbox_token: str,
+                  system_prompt: str) -> dict[str, dict[str, float]]:  # fmt: skip
+    """The seed's credit-assignment test on two policy folders (before and after RL) over `tasks`: the mean
+    log-probability of the correct edit and of the first check, under each, and the change. RL that
+    credits the right action raises the edit's clearly and the check's much less."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(before))
+
+    async def play() -> list[ActionProbe]:
+        client = SandboxClient(sandbox_url, sandbox_token)
+        probes: list[ActionProbe] = []
+        try:
+            for task in tasks:
+                env = SandboxEnvironment(client, lambda context: None)
+                try:
+                    probes += await swe_toy_probes(env, chat, system_prompt, task)
+                finally:
+                    await env.close()
+        finally:
+            await client.aclose()
+        return probes
+
+    probes = asyncio.run(play())
+    means = {}
+    for name, folder in (("before", before), ("after", after)):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        means[name] = mean_logprobs(model, probes)
+    return {action: {"before": round(means["before"][action], 3), "after": round(means["after"][action], 3),
+                     "change": round(means["after"][action] - means["before"][action], 3)}
+            for action in (EDIT, CHECK)}  # fmt: skip
