@@ -65,7 +65,8 @@ bench: install ## Run the benchmarks; results as JSON under runs/bench/
 DEMO_MODEL := runs/models/tiny-llama
 
 demo: install ## Run examples/swe-toy.yaml with `kuberl run`: warm-up, RL, held-out solve rates, learning curve
-	@test -f $(DEMO_MODEL)/copy_pretraining.json || $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2
+	@# a model built before the current copy pretraining (no token ranking beside it) is built again
+	@test -f $(DEMO_MODEL)/token_ranking.json -a -f $(DEMO_MODEL)/copy_pretraining.json || { rm -rf $(DEMO_MODEL) && $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2; }
 	@if [ -e runs/swe-toy ]; then mv runs/swe-toy runs/swe-toy.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous demo run aside"; fi
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy.yaml
 

@@ -22,7 +22,10 @@ def plot_learning_curve(lines: list[dict], out: Path, title: str,
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, x, label in ((axes[0], steps, "training step"), (axes[1], minutes, "wall-clock minutes of RL")):
         ax.plot(x, [line["reward_mean"] for line in lines], label="reward (batch mean)", color="tab:blue")
-        ax.plot(x, [line["solve_rate"] for line in lines], label="solve rate (batch)", color="tab:green")
+        ax.plot(x, [line["solve_rate"] for line in lines], label="solve rate (trained groups)", color="tab:green")
+        if all("drawn_solve_rate" in line for line in lines):  # dynamic sampling leaves groups out of the batch
+            ax.plot(x, [line["drawn_solve_rate"] for line in lines], label="solve rate (every episode)",
+                    color="tab:orange")  # fmt: skip
         for (name, value), style in zip((evaluations or {}).items(), ("--", ":", "-."), strict=False):
             ax.axhline(value, linestyle=style, color="gray", label=f"held-out solve rate {name}: {value:.2f}")
         ax.set_xlabel(label)

@@ -251,6 +251,7 @@ def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waite
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
         "solve_rate": float((rewards >= 1.0).float().mean()),
         "resolved_rate": sum(t.resolved is True for t in batch.trajectories) / max(len(batch.trajectories), 1),
+        "drawn_solve_rate": round(batch.drawn_solve_rate, 4),
         "trajectories": len(batch.trajectories),
         "failed": batch.failed, "stale_dropped": batch.stale_dropped, "resubmitted": batch.resubmitted,
         "groups_dropped": batch.groups_dropped, "uniform_group_fraction": round(batch.uniform_group_fraction, 4),

@@ -47,6 +47,15 @@ class Batch:
     staleness: list[int]  # per usable trajectory, at the learner version it is trained at
     wait_seconds: float
     groups_dropped: int = 0  # groups without signal (equal rewards) dropped since the previous batch
+    dropped_episodes: int = 0  # usable trajectories of those groups
+    dropped_solved: int = 0  # of which solved (final reward >= 1): a group of all successes is dropped too
+
+    @property
+    def drawn_solve_rate(self) -> float:
+        """The solve rate of every usable episode finished for this batch, trained or dropped: how well the
+        policy does. The trained part alone leaves out the groups it always solves (or never does)."""
+        solved = sum(t.final_reward >= 1.0 for t in self.trajectories) + self.dropped_solved
+        return solved / max(len(self.trajectories) + self.dropped_episodes, 1)
 
     @property
     def uniform_group_fraction(self) -> float:
@@ -88,6 +97,7 @@ class RolloutFeed:
         self.on_drop = on_drop  # a group without signal was dropped (counted live, not per batch)
         self.uniform_in_a_row = 0  # groups without signal since the last group with signal
         self._groups_dropped = 0
+        self._dropped_episodes = self._dropped_solved = 0
         self._stale_dropped = 0
         self._resubmitted = 0
         self._reruns: dict[tuple[str, int], int] = {}
@@ -116,8 +126,10 @@ class RolloutFeed:
         usable = [t for g in groups for t in g if t.error is None]
         failed = sum(len(g) for g in groups) - len(usable)
         batch = Batch(usable, failed, self._stale_dropped, self._resubmitted, [staleness(t, version) for t in usable],
-                      time.monotonic() - started, self._groups_dropped)  # fmt: skip
+                      time.monotonic() - started, self._groups_dropped, self._dropped_episodes,
+                      self._dropped_solved)  # fmt: skip
         self._stale_dropped = self._resubmitted = self._groups_dropped = 0
+        self._dropped_episodes = self._dropped_solved = 0
         if self.asynchronous:
             self._refill()  # the next batch is generated while this one trains
         return batch
@@ -210,6 +222,8 @@ class RolloutFeed:
             return False
         self.uniform_in_a_row += 1
         self._groups_dropped += 1
+        self._dropped_episodes += len(usable)
+        self._dropped_solved += sum(t.final_reward >= 1.0 for t in usable)
         if self.on_drop is not None:
             self.on_drop()
         self._submit(*self._next_task())
