@@ -136,7 +136,8 @@ class WarmupSpec(ApiModel):
     Demonstrations play scripted episodes in the sandbox. A fraction of them (`expertFraction`) make the
     correct edit; the rest make a wrong one drawn from the task's candidate fixes. The warmed-up policy
     then already solves some tasks and fails others, so RL starts where sampled groups disagree and has
-    to learn which of the behaviours it has seen the reward prefers."""
+    to learn which of the behaviours it has seen the reward prefers. Its time counts against
+    limits.maxWallClock: the breaker bounds what the whole job spends."""
 
     demonstrations: int = Field(0, ge=0, le=1_000_000)
     """Demonstration episodes to generate; 0 skips the warm-up."""
