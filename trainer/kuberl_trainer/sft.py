@@ -49,12 +49,11 @@ def supervised_fit(
         width = max(len(ids) for ids, _ in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
         for row, (tokens, mask) in enumerate(batch):
             ids[row, : len(tokens)] = torch.tensor(tokens)
-            attention[row, : len(tokens)] = 1
             labels[row, : len(tokens)] = torch.where(torch.tensor(mask) == 1, torch.tensor(tokens), -100)
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        # right-padded and causal: no token sees the padding after it, so no mask (the kernel's fast path)
+        loss = model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
