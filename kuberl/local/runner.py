@@ -229,7 +229,7 @@ def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter
     if (warmed / "config.json").exists():
         out.message(f"warm-up: done before, using {warmed}")
         return str(warmed)
-    out.message("warm-up: supervised fine-tuning on generated demonstrations (random edits, never the fix)")
+    out.message("warm-up: supervised fine-tuning on generated demonstrations (spec.training.warmup)")
     with local_sandbox() as sandbox:
         return warm_up(model_path, str(warmed), sandbox.url, sandbox.token)
 
