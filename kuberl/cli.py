@@ -248,7 +248,7 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
                          metrics_linger_s=linger_s)  # fmt: skip
     except RunError as err:
         raise click.UsageError(str(err)) from None
-    if evaluate and held_out and record.phase != "Failed":
+    if evaluate and held_out and "after RL" in record.evaluations:  # not after a Ctrl-C or a failure
         _credit_probes(folder, held_out)
     click.echo(f"\n{job.name}: {record.phase}" + (f" ({record.reason})" if record.reason else "")
                + f" at step {record.step}: {record.message}")  # fmt: skip
