@@ -45,9 +45,10 @@ def sandbox():
 
 
 @pytest.fixture(scope="session")
-def second_sandbox():
-    """Another server process: where snapshots are restored."""
+def second_sandbox(sandbox):
+    """Another server process of the same job (the same token, so the same snapshot key): where snapshots
+    are restored."""
     from kuberl_sandbox.local import local_sandbox
 
-    with local_sandbox() as server:
+    with local_sandbox(token=sandbox.token) as server:
         yield server

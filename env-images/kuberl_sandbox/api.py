@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
-import tempfile
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -215,7 +213,7 @@ def create_app(settings: SandboxSettings) -> FastAPI:
     async def describe_session(session_id: str) -> dict[str, Any]:
         s = manager.get(session_id)
         return {"sessionId": s.session_id, "taskId": s.task.task_id, "commands": s.commands,
-                "actions": len(s.actions), "checksum": ws.checksum(s.workspace), "created": s.created}  # fmt: skip
+                "actions": len(s.actions), "checksum": await manager.checksum(s), "created": s.created}  # fmt: skip
 
     @app.post("/v1/sessions/{session_id}/exec", dependencies=auth)
     async def execute(session_id: str, body: ExecRequest) -> ExecResponse:
@@ -225,35 +223,22 @@ def create_app(settings: SandboxSettings) -> FastAPI:
 
     @app.get("/v1/sessions/{session_id}/files", dependencies=auth)
     async def read_file(session_id: str, path: Annotated[str, Query(min_length=1)]) -> dict[str, Any]:
-        session = manager.get(session_id)
-        content, cut = ws.read_text(session.workspace, path, settings.max_body_bytes)
+        content, cut = await manager.read_file(manager.get(session_id), path, settings.max_body_bytes)
         return {"path": path, "content": content, "truncated": cut}
 
     @app.post("/v1/sessions/{session_id}/files", dependencies=auth)
     async def write_file(session_id: str, body: WriteRequest) -> dict[str, Any]:
-        session = manager.get(session_id)
-        async with session.lock:
-            size = ws.write_text(session.workspace, body.path, body.content, session.owner)
-            manager.record(session, {"op": "write", "path": body.path, "content": body.content})
+        size = await manager.write_file(manager.get(session_id), body.path, body.content)
         return {"path": body.path, "bytes": size}
 
     @app.post("/v1/sessions/{session_id}/files/replace", dependencies=auth)
     async def replace_in_file(session_id: str, body: ReplaceRequest) -> dict[str, Any]:
-        session = manager.get(session_id)
-        async with session.lock:
-            count = ws.replace_text(session.workspace, body.path, body.old, body.new, session.owner)
-            manager.record(session, {"op": "replace", "path": body.path, "old": body.old, "new": body.new})
+        count = await manager.replace(manager.get(session_id), body.path, body.old, body.new)
         return {"path": body.path, "replaced": count}
 
     @app.post("/v1/sessions/{session_id}/files/patch", dependencies=auth)
     async def apply_patch(session_id: str, body: PatchRequest) -> ExecResponse:
-        session = manager.get(session_id)
-        with tempfile.NamedTemporaryFile("w", dir=session.home / "tmp", suffix=".diff", delete=False) as f:
-            f.write(body.patch)
-        if session.owner:
-            os.chown(f.name, *session.owner)
-        # `patch` runs as the session's user: it can change nothing that user could not.
-        result = await manager.execute(session, f"patch -p1 --batch --forward --no-backup-if-mismatch -i {f.name}")
+        result = await manager.apply_patch(manager.get(session_id), body.patch)
         if result.exit_code != 0:
             raise SessionError(400, f"patch did not apply: {result.output.strip()[-500:]}")
         return ExecResponse(exit_code=result.exit_code, output=result.output, truncated=result.truncated,
@@ -261,7 +246,7 @@ def create_app(settings: SandboxSettings) -> FastAPI:
 
     @app.get("/v1/sessions/{session_id}/list", dependencies=auth)
     async def list_directory(session_id: str, path: str = ".") -> dict[str, Any]:
-        return {"entries": ws.list_dir(manager.get(session_id).workspace, path)}
+        return {"entries": await manager.list_files(manager.get(session_id), path)}
 
     @app.post("/v1/sessions/{session_id}/tests", dependencies=auth)
     async def run_tests(session_id: str, body: TestsRequest | None = None) -> dict[str, Any]:
@@ -274,9 +259,7 @@ def create_app(settings: SandboxSettings) -> FastAPI:
 
     @app.post("/v1/sessions/{session_id}/snapshot", dependencies=auth)
     async def snapshot(session_id: str) -> Snapshot:
-        session = manager.get(session_id)
-        async with session.lock:
-            return await asyncio.to_thread(manager.snapshot, session)
+        return await manager.snapshot(manager.get(session_id))
 
     @app.delete("/v1/sessions/{session_id}", dependencies=auth, status_code=204)
     async def close_session(session_id: str) -> None:

@@ -7,6 +7,7 @@ and keeps the log of its mutating actions so its state can be explained and rebu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -14,18 +15,23 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from kuberl.api.environment import Snapshot, Task
 from kuberl.errors import ServiceError
+from kuberl_sandbox import snapshots
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult, Identity, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
+from kuberl_sandbox.rights import Owner, session_rights
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
 from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, summarize
 
 HIDDEN_DIR = "hidden"
+T = TypeVar("T")
 log = logging.getLogger("kuberl.sandbox")
 
 
@@ -105,11 +111,8 @@ class SessionManager:
         """A new session whose workspace holds the task's files."""
         session = self._new_session(task, timeout_s)
         try:
-            for path, content in task.files.items():
-                ws.write_text(session.workspace, path, content, session.owner)
-            hidden = session.home / HIDDEN_DIR
-            for path, content in task.hidden_tests.items():
-                ws.write_text(hidden, path, content, None)  # root-owned, 0700 folder: unreadable to the agent
+            await asyncio.to_thread(self._write_task_files, session, task.files)
+            await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
         except ws.WorkspaceError as err:
             self._remove(session)
             raise SessionError(400, str(err)) from None
@@ -117,19 +120,22 @@ class SessionManager:
         return session
 
     async def restore(self, task: Task, snapshot: Snapshot) -> Session:
-        """A new session rebuilt from a snapshot taken on any server; its checksum must match."""
+        """A new session rebuilt from a snapshot sealed by a server of this job; its checksum must match."""
+        if snapshot.task_id != task.task_id:
+            raise SessionError(400, f"the snapshot is of task {snapshot.task_id!r}, not {task.task_id!r}")
+        if not snapshots.is_sealed(self._snapshot_key, snapshot.task_id, snapshot.checksum, snapshot.data,
+                                   snapshot.mac):  # fmt: skip
+            raise SessionError(403, "the snapshot's MAC does not match: only this job's sandbox servers make snapshots")
         session = self._new_session(task, None)
         try:
             # archives can be large: unpack off the event loop so other sessions keep being served
-            await asyncio.to_thread(
-                ws.extract, snapshot.data, session.workspace, session.owner, self.settings.max_body_bytes * 8
-            )
-            for path, content in task.hidden_tests.items():
-                ws.write_text(session.home / HIDDEN_DIR, path, content, None)
+            await asyncio.to_thread(snapshots.extract, snapshot.data, session.workspace, session.owner,
+                                    self.settings.max_body_bytes * 8, self.settings.limits.max_file_bytes)  # fmt: skip
+            await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
+            actual = await asyncio.to_thread(ws.checksum, session.workspace, session.owner)
         except ws.WorkspaceError as err:
             self._remove(session)
             raise SessionError(400, str(err)) from None
-        actual = await asyncio.to_thread(ws.checksum, session.workspace)
         if actual != snapshot.checksum:
             self._remove(session)
             raise SessionError(409, f"restored workspace checksum {actual[:12]} != snapshot {snapshot.checksum[:12]}")
@@ -137,14 +143,81 @@ class SessionManager:
         self._register(session)
         return session
 
-    def snapshot(self, session: Session) -> Snapshot:
-        return Snapshot(
-            session_id=session.session_id,
-            task_id=session.task.task_id,
-            checksum=ws.checksum(session.workspace),
-            data=ws.archive(session.workspace),
-            actions=list(session.actions),
-        )
+    async def snapshot(self, session: Session) -> Snapshot:
+        """The session's workspace, archived and sealed (under its lock: no command changes it meanwhile)."""
+        async with session.lock:
+            checksum = await self.file_op(ws.checksum, session.workspace, session.owner)
+            data = await self.file_op(snapshots.archive, session.workspace, session.owner, self._max_file_bytes)
+        task_id = session.task.task_id
+        return Snapshot(session_id=session.session_id, task_id=task_id, checksum=checksum, data=data,
+                        mac=snapshots.seal(self._snapshot_key, task_id, checksum, data),
+                        actions=list(session.actions))  # fmt: skip
+
+    # ------------------------------------------------------------------------------ file tools
+    async def read_file(self, session: Session, path: str, limit: int) -> tuple[str, bool]:
+        async with session.lock:
+            return await self.file_op(ws.read_text, session.workspace, path, limit, session.owner)
+
+    async def write_file(self, session: Session, path: str, content: str) -> int:
+        async with session.lock:
+            size = await self.file_op(ws.write_text, session.workspace, path, content, session.owner,
+                                      self._max_file_bytes)  # fmt: skip
+            session.actions.append({"op": "write", "path": path, "content": content})
+        return size
+
+    async def replace(self, session: Session, path: str, old: str, new: str) -> int:
+        async with session.lock:
+            count = await self.file_op(ws.replace_text, session.workspace, path, old, new, session.owner,
+                                       self._max_file_bytes)  # fmt: skip
+            session.actions.append({"op": "replace", "path": path, "old": old, "new": new})
+        return count
+
+    async def apply_patch(self, session: Session, patch: str) -> CommandResult:
+        """Apply a unified diff (-p1) with `patch`, run as the session's user: it can change nothing that user
+        could not. The diff goes in through a file the session owns, written with its rights, then removed."""
+        name = f"patch-{secrets.token_hex(8)}.diff"
+        folder = session.home / "tmp"
+        async with session.lock:
+            await self.file_op(ws.write_text, folder, name, patch, session.owner, self._max_file_bytes)
+        try:
+            return await self.execute(
+                session, f"patch -p1 --batch --forward --no-backup-if-mismatch -i {folder / name}"
+            )
+        finally:
+            async with session.lock:
+                await self.file_op(self._remove_file_as, folder / name, session.owner)
+
+    async def list_files(self, session: Session, path: str) -> list[dict[str, object]]:
+        async with session.lock:
+            return await self.file_op(ws.list_dir, session.workspace, path, session.owner)
+
+    async def checksum(self, session: Session) -> str:
+        async with session.lock:
+            return await self.file_op(ws.checksum, session.workspace, session.owner)
+
+    async def file_op(self, operation: Callable[..., T], *args: object) -> T:
+        """Run one file operation off the event loop (a slow disk or a huge file stalls no other session).
+        Callers hold the session's lock, so no command of the session runs meanwhile."""
+        return await asyncio.to_thread(operation, *args)
+
+    def record(self, session: Session, action: dict[str, object]) -> None:
+        session.actions.append(action)
+
+    @property
+    def _snapshot_key(self) -> bytes:
+        return snapshots.snapshot_key(self.settings.token)
+
+    @property
+    def _max_file_bytes(self) -> int:
+        return self.settings.limits.max_file_bytes
+
+    def _write_task_files(self, session: Session, files: dict[str, str]) -> None:
+        for path, content in files.items():
+            ws.write_text(session.workspace, path, content, session.owner, self._max_file_bytes)
+
+    def _write_hidden_tests(self, session: Session, folder: Path, owner: Owner | None) -> None:
+        for path, content in session.task.hidden_tests.items():
+            ws.write_text(folder, path, content, owner, self._max_file_bytes)
 
     async def close(self, session_id: str) -> None:
         session = self.get(session_id)
@@ -193,14 +266,14 @@ class SessionManager:
             self.metrics.observe_command("tests", result)
             visible = [c for p, c in task.files.items() if p.rsplit("/", 1)[-1].startswith("test")]
             return summarize(result, count_test_methods(visible))
+        # The hidden tests run in a copy of the workspace made, like everything in it, as the session's
+        # user: the server reads nothing there with root's rights.
         scratch = session.home / "tmp" / f"score-{secrets.token_hex(4)}"
         async with session.lock, self._slots:
-            shutil.copytree(session.workspace, scratch, symlinks=True)
-            for path, content in task.hidden_tests.items():
-                ws.write_text(scratch, path, content, session.owner)
-            if session.owner:
-                os.chown(scratch, *session.owner)
             try:
+                await self.file_op(snapshots.copy_workspace, session.workspace, scratch, session.owner,
+                                   self._max_file_bytes)  # fmt: skip
+                await self.file_op(self._write_hidden_tests, session, scratch, session.owner)
                 if task.fail_to_pass:
                     # One run per list, each scored against its own ids: a crash fails every test of its run.
                     # The two lists are the hidden tests that count, so there is no third run of them all
@@ -209,8 +282,12 @@ class SessionManager:
                     resolution = Resolution(fail_to_pass, await self._run_ids(session, task.pass_to_pass, scratch))
                     return resolution.combined()
                 result = await self._unittest(session, task.hidden_test_modules, scratch)
+            except ws.WorkspaceError as err:
+                # the agent made its workspace uncopyable (an unreadable file, say): its submission fails
+                result = CommandResult(exit_code=None, output=f"error: {err}", truncated=False, timed_out=False,
+                                       duration_s=0.0)  # fmt: skip
             finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+                await self.file_op(self._remove_as, scratch, session.owner)
         return summarize(result, count_test_methods(list(task.hidden_tests.values())))
 
     async def _unittest(self, session: Session, names: list[str], cwd: Path) -> CommandResult:
@@ -223,9 +300,6 @@ class SessionManager:
         if not ids:  # unittest without names would discover the visible tests instead
             return TestOutcome(total=0, passed=0, output="", exit_code=0, timed_out=False)
         return summarize(await self._unittest(session, ids, cwd), len(ids))
-
-    def record(self, session: Session, action: dict[str, object]) -> None:
-        session.actions.append(action)
 
     # -------------------------------------------------------------------------------- internals
     async def _run(self, session: Session, command: str, cwd: Path, limits: CommandLimits) -> CommandResult:
@@ -257,7 +331,18 @@ class SessionManager:
         self.metrics.sessions_created.inc()
 
     def _remove(self, session: Session) -> None:
+        # as root, but `shutil.rmtree` walks by descriptors and never follows a link out
         shutil.rmtree(session.home, ignore_errors=True)
+
+    @staticmethod
+    def _remove_file_as(path: Path, owner: Owner | None) -> None:
+        with session_rights(owner), contextlib.suppress(OSError):
+            os.unlink(path)
+
+    @staticmethod
+    def _remove_as(folder: Path, owner: Owner | None) -> None:
+        with session_rights(owner):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _limits(self, session: Session, timeout_s: float | None) -> CommandLimits:
         if timeout_s is None:

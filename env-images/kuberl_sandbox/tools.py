@@ -29,26 +29,27 @@ def _args(arguments: dict[str, Any], *names: str) -> list[str]:
 
 async def read_file(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
     (path,) = _args(arguments, "path")
-    content, cut = ws.read_text(session.workspace, path, manager.settings.observation_bytes)
+    content, cut = await manager.read_file(session, path, manager.settings.observation_bytes)
     return StepResult(observation=content + ("\n... [file cut]" if cut else ""), info={"path": path})
 
 
 async def replace(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
     path, old, new = _args(arguments, "path", "old", "new")
-    count = ws.replace_text(session.workspace, path, old, new, session.owner)
-    manager.record(session, {"op": "replace", "path": path, "old": old, "new": new})
+    count = await manager.replace(session, path, old, new)
     return StepResult(observation=f"Replaced {count} occurrence(s) in {path}.", info={"replaced": count})
 
 
 async def write_file(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
     path, content = _args(arguments, "path", "content")
-    size = ws.write_text(session.workspace, path, content, session.owner)
-    manager.record(session, {"op": "write", "path": path, "content": content})
+    size = await manager.write_file(session, path, content)
     return StepResult(observation=f"Wrote {size} bytes to {path}.", info={"bytes": size})
 
 
 async def list_files(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
-    entries = ws.list_dir(session.workspace, str(arguments.get("path") or "."))
+    path = arguments.get("path") or "."
+    if not isinstance(path, str):
+        raise ws.WorkspaceError("path must be a string")
+    entries = await manager.list_files(session, path)
     return StepResult(observation="\n".join(str(e["path"]) for e in entries), info={"entries": len(entries)})
 
 

@@ -108,7 +108,9 @@ class Snapshot(ApiModel):
     """A session's state, enough to rebuild it exactly on any sandbox server.
 
     `checksum` (SHA-256 over the workspace's paths, modes and contents) proves the rebuilt workspace
-    matches; `actions` is the log of what the agent did, in order.
+    matches; `mac` proves a sandbox server of the job made the snapshot (the archive carries files the
+    agent made: a server restores only what a server sealed); `actions` is the log of what the agent did,
+    in order.
     """
 
     session_id: str
@@ -119,6 +121,8 @@ class Snapshot(ApiModel):
     """SHA-256 of the workspace."""
     data: str
     """The workspace as a base64 tar.gz archive."""
+    mac: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """HMAC-SHA256 of the task id, checksum and archive under a key the job's sandbox servers share."""
     actions: list[dict[str, Any]] = Field(default_factory=list)
     """Mutating actions so far (commands, writes, replacements), in order."""
 

@@ -61,7 +61,7 @@ SESSION_CASES = [
     ("exec-empty-command", "POST", "/exec", {"command": ""}, None, 422, "command"),
     ("exec-bad-timeout", "POST", "/exec", {"command": "true", "timeout": -1}, None, 400, "timeout must be in"),
     ("exec-huge-timeout", "POST", "/exec", {"command": "true", "timeout": 1e9}, None, 400, "timeout must be in"),
-    ("read-missing-file", "GET", "/files", None, {"path": "nope.py"}, 400, "no such file: nope.py"),
+    ("read-missing-file", "GET", "/files", None, {"path": "nope.py"}, 400, "no such file or folder: nope.py"),
     ("read-without-path", "GET", "/files", None, None, 422, "path"),
     ("write-into-a-dir", "POST", "/files", {"path": ".", "content": "x"}, None, 400, ""),
     (
@@ -74,7 +74,7 @@ SESSION_CASES = [
         "old text not found in a.py",
     ),
     ("patch-garbage", "POST", "/files/patch", {"patch": "this is not a diff"}, None, 400, "patch did not apply"),
-    ("list-missing-dir", "GET", "/list", None, {"path": "nowhere"}, 400, "no such directory"),
+    ("list-missing-dir", "GET", "/list", None, {"path": "nowhere"}, 400, "no such file or folder: nowhere"),
     ("step-not-a-tool-call", "POST", "/step", {"tool": "x"}, None, 422, "name"),
 ]
 

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 
 from kuberl.api.environment import Snapshot
 from kuberl_sandbox.client import SandboxClient, SandboxError
+from kuberl_sandbox.snapshots import seal, snapshot_key
 from kuberl_sandbox.suites.swe_toy import generate
 
 TASK = generate(3, seed=11)[2]
@@ -46,18 +48,28 @@ def test_snapshot_on_one_server_restores_on_another(sandbox, second_sandbox):
 
 
 def test_a_tampered_snapshot_is_refused(sandbox, second_sandbox):
+    """Only a server of the job can mint a restorable snapshot: swapped data, a recomputed checksum or a
+    MAC made without the key are refused before the archive is opened; a sealed archive that is not one is a 400."""
+
     async def scenario():
         a, b = SandboxClient(sandbox.url, sandbox.token), SandboxClient(second_sandbox.url, second_sandbox.token)
         sid = (await a.create_session(TASK))["sessionId"]
         snapshot = await a.snapshot(sid)
         other = (await a.create_session(generate(1, seed=99)[0]))["sessionId"]
         foreign = await a.snapshot(other)
-        tampered = snapshot.model_copy(update={"data": foreign.data})
+        forged_key = hashlib.sha256(b"a guess").digest()
+        for tampered in (
+            snapshot.model_copy(update={"data": foreign.data}),
+            snapshot.model_copy(update={"data": foreign.data, "checksum": foreign.checksum}),
+            snapshot.model_copy(update={"mac": seal(forged_key, snapshot.task_id, snapshot.checksum, snapshot.data)}),
+        ):
+            with pytest.raises(SandboxError) as err:
+                await b.restore_session(TASK, tampered)
+            assert err.value.status == 403 and "MAC" in err.value.detail
+        garbage = "bm90IGEgdGFyYmFsbA=="
+        sealed = seal(snapshot_key(sandbox.token), snapshot.task_id, snapshot.checksum, garbage)
         with pytest.raises(SandboxError) as err:
-            await b.restore_session(TASK, tampered)
-        assert err.value.status == 409 and "checksum" in err.value.detail
-        with pytest.raises(SandboxError) as err:
-            await b.restore_session(TASK, snapshot.model_copy(update={"data": "bm90IGEgdGFyYmFsbA=="}))
+            await b.restore_session(TASK, snapshot.model_copy(update={"data": garbage, "mac": sealed}))
         assert err.value.status == 400 and "snapshot archive is unusable" in err.value.detail
         await a.aclose()
         await b.aclose()
