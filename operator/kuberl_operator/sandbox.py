@@ -10,7 +10,12 @@ from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env, tier_service
 from kuberl_operator.rollout import SANDBOX_PORT
-from kuberl_operator.security import sandbox_container_security_context, sandbox_pod_security_context
+from kuberl_operator.security import (
+    SandboxPodSecurity,
+    sandbox_container_security_context,
+    sandbox_pod_security_context,
+    sandbox_uses_user_namespace,
+)
 from kuberl_sandbox.settings import ADVERTISE_ENV
 
 WORKSPACE_DIR = "/workspace"
@@ -46,13 +51,19 @@ def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
 
 
 def build_sandbox_deployment(
-    job: RLJob, namespace: str, owner: dict[str, Any] | None, sandbox_token_secret: str
+    job: RLJob,
+    namespace: str,
+    owner: dict[str, Any] | None,
+    sandbox_token_secret: str,
+    security: SandboxPodSecurity | None = None,
 ) -> dict[str, Any]:
-    """The same `kuberl sandbox` as `kuberl run`, hardened for untrusted code: no service-account token,
-    no service-link variables, a read-only root filesystem with sessions on an emptyDir, and the
-    RuntimeClass of the spec (gVisor, Kata) when one is given. Its root user is explained in
-    security.sandbox_container_security_context."""
+    """The same `kuberl sandbox` as `kuberl run`, hardened for untrusted code: its own user namespace
+    (`hostUsers: false`) unless the operator is told the cluster lacks them, no service-account token, no
+    service-link variables, a read-only root filesystem with sessions on an emptyDir, and the RuntimeClass
+    of the spec (gVisor, Kata) when one is given. Its root user is explained in
+    security.sandbox_container_security_context; `security` defaults to the operator's environment."""
     spec = job.spec.sandbox
+    security = security or SandboxPodSecurity.from_env()
     argv = ["python", "-m", "kuberl.cli", "sandbox", "--host", "0.0.0.0", "--port", str(SANDBOX_PORT),
             "--root", SESSIONS_DIR, "--session-timeout", spec.session.timeout,
             "--max-sessions", str(sandbox_max_sessions(job))]  # fmt: skip
@@ -70,11 +81,12 @@ def build_sandbox_deployment(
         "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
         "readinessProbe": http_probe("/readyz", "http", period=5, failures=3),
         "livenessProbe": http_probe("/healthz", "http", period=20, failures=3),
-        "securityContext": sandbox_container_security_context(),
+        "securityContext": sandbox_container_security_context(security),
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        **({"hostUsers": False} if sandbox_uses_user_namespace(security, spec.runtime_class_name) else {}),
         "terminationGracePeriodSeconds": 30,
         "securityContext": sandbox_pod_security_context(),
         **pod_placement(job, SANDBOX),

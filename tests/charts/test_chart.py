@@ -25,6 +25,8 @@ from kuberl_operator.desired import desired_objects
 from kuberl_operator.kube import collection_path
 from kuberl_operator.meta import JOB_LABEL, MANAGED_BY, TIER_LABEL
 from kuberl_operator.rbac import role_rules
+from kuberl_operator.sandbox import build_sandbox_deployment
+from kuberl_operator.security import SandboxPodSecurity
 
 CHART = REPO / "charts" / "kuberl"
 ALL_ON = Path(__file__).with_name("values-all-on.yaml")
@@ -216,9 +218,10 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
         (["--set", "operator.workers=0"], "operator.workers"),
         (["--set", "podMonitor.tiers={learner,gateway}"], "podMonitor.tiers.1"),
         (["--set", "podLabels.app\\.kubernetes\\.io/component=x"], "podLabels"),
+        (["--set", "operator.sandboxAppArmorProfile=docker-default"], "operator.sandboxAppArmorProfile"),
     ],
     ids=["two-replicas", "pull-policy", "bad-namespace", "typo-top-level", "string-bool", "typo-nested",
-         "no-workers", "unknown-tier", "selector-label"],
+         "no-workers", "unknown-tier", "selector-label", "apparmor-notation"],
 )  # fmt: skip
 def test_wrong_values_are_rejected_naming_the_value(values, named):
     result = helm("template", RELEASE, str(CHART), *values, check=False)
@@ -276,6 +279,25 @@ def test_the_operator_runs_kuberl_operator_cluster_wide_by_default(default):
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["KUBERL_OPERATOR_INTERVAL"] == "3" and env["KUBERL_OPERATOR_WORKERS"] == "32"
     assert env["KUBERL_OPERATOR_WATCH_NODES"] == "1"
+    assert env["KUBERL_OPERATOR_SANDBOX_USER_NAMESPACE"] == "1"
+    assert env["KUBERL_OPERATOR_SANDBOX_APPARMOR_PROFILE"] == "unconfined"
+
+
+@pytest.mark.parametrize("rendered", ["default", "all_on"])
+def test_the_sandbox_pod_values_reach_the_sandbox_pods_the_operator_renders(rendered, request):
+    # the chart's env, read as the operator reads it, shapes every job's sandbox Deployment
+    env = {e["name"]: e["value"] for e in operator_container(request.getfixturevalue(rendered))["env"]}
+    security = SandboxPodSecurity.from_env(env)
+    job = load_rljob(str(REPO / "examples" / "swe-toy.yaml"))
+    pod = build_sandbox_deployment(job, "team", None, "token", security)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    if rendered == "default":  # a user namespace, and AppArmor out of the way of the server's mounts
+        assert pod["hostUsers"] is False
+        assert container["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+    else:  # values-all-on.yaml: a cluster without user namespaces, with a profile of its own on the nodes
+        assert "hostUsers" not in pod
+        assert container["securityContext"]["appArmorProfile"] == {"type": "Localhost",
+                                                                   "localhostProfile": "kuberl-sandbox"}  # fmt: skip
 
 
 def test_watch_namespaces_become_one_dash_n_each(all_on):

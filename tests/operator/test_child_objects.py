@@ -26,6 +26,13 @@ from kuberl_operator.learner import torchrun_argv
 from kuberl_operator.meta import owner_reference
 from kuberl_operator.placement import SPOT_NODE_LABELS
 from kuberl_operator.secret import build_sandbox_token_secret
+from kuberl_operator.security import (
+    APPARMOR_ENV,
+    SANDBOX_CAPABILITIES,
+    USER_NAMESPACE_ENV,
+    SandboxPodSecurity,
+    apparmor_profile,
+)
 
 UID = "6f1c2a5e-0d4b-4c1e-9a53-1f2d3c4b5a69"
 OLDEST, NEWEST = "1.30", kubernetes_validate.utils.latest_version()
@@ -198,9 +205,7 @@ def assert_security_properties(job: RLJob, objects: list[dict[str, Any]]) -> Non
     assert sandbox["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in sandbox
     [container] = sandbox["containers"]
-    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["securityContext"]["privileged"] is False
+    assert_sandbox_security(sandbox, container, job.spec.sandbox.runtime_class_name, SandboxPodSecurity.from_env())
     assert not any(e["name"].startswith("AWS_") for e in container["env"]), "storage credentials in the sandbox"
     assert sandbox.get("runtimeClassName") == job.spec.sandbox.runtime_class_name
     policy = one(objects, "NetworkPolicy", "sandbox")["spec"]
@@ -217,8 +222,80 @@ def assert_security_properties(job: RLJob, objects: list[dict[str, Any]]) -> Non
         assert all("169.254.0.0/16" in b["except"] for b in blocks if ":" not in b["cidr"])
 
 
+def assert_sandbox_security(
+    pod: dict[str, Any], container: dict[str, Any], runtime_class: str | None, security: SandboxPodSecurity
+) -> None:
+    """The supervisor's context: root, but in its own user namespace where the cluster has them; only the
+    capabilities it needs; seccomp RuntimeDefault; a read-only root filesystem."""
+    context = container["securityContext"]
+    assert pod.get("hostUsers", True) is not (security.user_namespace and runtime_class is None)
+    assert pod["securityContext"]["seccompProfile"] == context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["capabilities"] == {"drop": ["ALL"], "add": sorted(SANDBOX_CAPABILITIES)}
+    assert context["readOnlyRootFilesystem"] is True and context["privileged"] is False
+    assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False
+    # false would be refused beside CAP_SYS_ADMIN; agent commands get no_new_privs from setpriv instead
+    assert "allowPrivilegeEscalation" not in context
+
+
 def test_security_properties_of_every_example(example):
     assert_security_properties(example, render(example))
+
+
+# The capabilities of the sandbox supervisor, and nothing else: setpriv (SETUID, SETGID), unshare and the
+# per-command mounts (SYS_ADMIN), session folders (CHOWN, DAC_OVERRIDE, FOWNER), overrunning commands (KILL).
+SUPERVISOR_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID", "SYS_ADMIN"]
+
+
+def test_the_sandbox_pod_has_a_user_namespace_the_supervisors_capabilities_and_runtime_default_seccomp():
+    job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-toy")))
+    pod = pod_spec(one(render(job), "Deployment", "sandbox"))
+    assert pod["hostUsers"] is False
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    [container] = pod["containers"]
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": SUPERVISOR_CAPABILITIES},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "appArmorProfile": {"type": "Unconfined"},  # the runtimes' default profile denies mount(2)
+    }
+    assert all(SANDBOX_CAPABILITIES[c] for c in SUPERVISOR_CAPABILITIES), "each capability says why"
+
+
+@pytest.mark.parametrize(
+    ("env", "host_users", "apparmor"),
+    [
+        ({}, False, {"type": "Unconfined"}),
+        ({USER_NAMESPACE_ENV: "0"}, None, {"type": "Unconfined"}),
+        ({USER_NAMESPACE_ENV: "false", APPARMOR_ENV: "runtime/default"}, None, {"type": "RuntimeDefault"}),
+        ({APPARMOR_ENV: "localhost/sbx"}, False, {"type": "Localhost", "localhostProfile": "sbx"}),
+    ],
+    ids=["default", "no-user-namespaces", "runtime-default-apparmor", "localhost-apparmor"],
+)  # fmt: skip
+def test_the_operator_environment_says_what_the_cluster_supports(monkeypatch, env, host_users, apparmor):
+    for name in (USER_NAMESPACE_ENV, APPARMOR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    objects = render(load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-toy"))))
+    assert_valid_kubernetes(objects)
+    pod = pod_spec(one(objects, "Deployment", "sandbox"))
+    assert pod.get("hostUsers") is host_users
+    assert pod["containers"][0]["securityContext"]["appArmorProfile"] == apparmor
+
+
+def test_a_sandbox_runtime_class_replaces_the_user_namespace():
+    # gVisor and Kata bring a kernel of their own, and the kubelet refuses hostUsers: false for them
+    job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-gpu")))
+    pod = pod_spec(one(render(job), "Deployment", "sandbox"))
+    assert pod["runtimeClassName"] == "gvisor" and "hostUsers" not in pod
+
+
+def test_an_apparmor_profile_in_another_notation_is_refused():
+    with pytest.raises(ValueError, match=APPARMOR_ENV):
+        apparmor_profile("docker-default")
 
 
 def test_the_sandbox_tier_cannot_reach_storage_or_the_api(example):
