@@ -132,6 +132,7 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
     from kuberl_sandbox.execution import namespaces_available
     from kuberl_sandbox.sessions import isolation_problem
     from kuberl_sandbox.settings import SandboxSettings
+    from kuberl_sandbox.uids import mapped_blocks
 
     try:
         settings = dataclasses.replace(
@@ -141,7 +142,8 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    if problem := isolation_problem(settings, namespaces_available(settings.uid_base)):
+    first_uid, _, _ = mapped_blocks(settings.uid_base, settings.uid_block_size, settings.uid_blocks)
+    if problem := isolation_problem(settings, namespaces_available(first_uid)):
         raise click.UsageError(problem)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
 

@@ -1,10 +1,15 @@
-"""Run one command of a session: its own user, PID namespace and process group, rlimits, a wall clock,
+"""Run one command of a session: its own user, namespaces and process group, rlimits, a wall clock,
 an output cap, and nothing of it left alive afterwards.
 
-Isolated mode (the server runs as root): each command runs through `unshare --pid --fork --kill-child`
-as the session's own unprivileged uid. The shell is PID 1 of a fresh PID namespace, so when it exits,
-or when the server kills `unshare`, the kernel kills everything the command started (setsid daemons
-included) and reaps it: no process, and no zombie counting against RLIMIT_NPROC, outlives the command.
+Isolated mode (the server runs as root): each command runs through `unshare` in fresh mount, PID and IPC
+namespaces with a /proc of its own, so it sees no process of another session. The shell is PID 1 of the PID
+namespace, so when it exits, or when the server kills it, the kernel kills everything the command started
+(setsid daemons included) and reaps it: no process, and no zombie counting against RLIMIT_NPROC, outlives the
+command. Still root inside the namespaces, a small script mounts the session's own /tmp, /var/tmp, /dev/shm and
+/run/lock over the host's (folders in the session's folder: they last as long as the session, and no other
+session ever sees them), then `setpriv` drops to the session's unprivileged uid with no supplementary groups
+and no_new_privs (no setuid binary can raise it again) and runs the command. Mounts are private to the
+namespace: nothing propagates back to the host.
 Without root, commands run as the server's user in their own process group (development only).
 """
 
@@ -12,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +35,21 @@ _DRAIN_GRACE_S = 0.05
 _STOP_GRACE_S = 2.0
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+MOUNT = shutil.which("mount") or "/usr/bin/mount"
+log = logging.getLogger("kuberl.sandbox")
+
+SHARED_SCRATCH: dict[str, str] = {"/tmp": "tmp", "/var/tmp": "var-tmp", "/dev/shm": "dev-shm", "/run/lock": "run-lock"}
+"""The host's world-writable scratch folders, each with the name of the session's own copy in its private folder."""
+FSTAB = "fstab"
+"""In a session's private folder: what each of its commands mounts (`mount --all --fstab`: one process for all)."""
+WRAPPER_FAILED = 125
+"""Exit status when the private mounts fail (as `env` and `chroot` use it: the wrapper, not the command)."""
+
+# Run by root as PID 1 of the new namespaces: the session's scratch folders over the host's ($0 is the fstab;
+# stdout to /dev/null for mount's hints, errors still reach the output), then `exec` the rest of the argv
+# (setpriv, then the command's shell), which stays PID 1. The command is an argv element, never part of this.
+_MOUNT_SCRIPT = f'{shlex.quote(MOUNT)} --no-mtab --all --fstab "$0" >/dev/null || exit {WRAPPER_FAILED}; exec "$@"'
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,8 @@ class Identity:
     uid: int
     gid: int
     isolated: bool
+    private: Path | None = None
+    """Isolated only: the session's private folder (see `make_private_root`), an absolute path."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +142,8 @@ async def run_command(
     killed = timed_out or truncated or proc.returncode is None or proc.returncode < 0
     output = kept.decode("utf-8", errors="replace")
     if killed and identity.isolated:
-        # unshare reports its child's death on the same pipe; that line is ours, not the command's
+        # unshare reports its child's death on the same pipe; that line is ours, not the command's (the
+        # mount script and setpriv have exec'd into the command by then, or print only when they fail)
         output = "".join(line for line in output.splitlines(keepends=True) if not line.startswith("unshare: "))
     return CommandResult(
         exit_code=None if killed else proc.returncode,
@@ -147,19 +173,105 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
     shell = ["/bin/sh", "-c", command]
     if not identity.isolated:
         return rlimits + shell
-    uid, gid = str(identity.uid), str(identity.gid)
-    return [*rlimits, UNSHARE, "--pid", "--fork", "--kill-child", "--setuid", uid, "--setgid", gid, "--", *shell]
+    if identity.private is None or not identity.private.is_absolute():
+        raise ValueError("an isolated command needs the absolute path of its session's private folder")
+    # --propagation private: no mount made inside reaches the host (or another session), none of theirs comes in.
+    # --mount-proc: a /proc of the new PID namespace, so other sessions' processes are not even listed.
+    # --ipc: SysV shared memory, semaphores and message queues of the command's own, gone with it.
+    namespaces = [UNSHARE, "--mount", "--propagation", "private", "--pid", "--ipc", "--fork", "--kill-child",
+                  "--mount-proc", "--"]  # fmt: skip
+    mounts = ["/bin/sh", "-c", _MOUNT_SCRIPT, str(identity.private / FSTAB)]
+    # --clear-groups: root's supplementary groups must not reach the command; --no-new-privs: no setuid or
+    # file-capability binary can raise the command's privileges again.
+    drop = [SETPRIV, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups", "--no-new-privs", "--"]
+    return [*rlimits, *namespaces, *mounts, *drop, *shell]
+
+
+def make_private_root(private: Path, visible: Path) -> None:
+    """Make a session's private folder: one scratch folder per shared one of the host (`SHARED_SCRATCH`),
+    and the fstab with which each command mounts them over the host's in its own mount namespace.
+
+    `private` is root's and 0700: only root, mounting, ever reaches the folders through it, so no other session
+    can, even knowing the path. The scratch folders are root's and 1777 like the host's own (programs that check
+    /tmp see what they expect; the sticky bit keeps the mount points below safe from the session's user).
+    `visible` (the sandbox root: workspaces, scoring copies, the `python` shim) must stay reachable at its own
+    path, and in local runs it lies under /tmp: it is then bind-mounted onto a mount point at the same place
+    inside the private /tmp first. `private` must lie inside `visible` (its paths then resolve after every mount).
+    """
+    visible, private = visible.resolve(), private.resolve()  # real paths: what mount and getcwd() see
+    if not private.is_relative_to(visible):
+        raise ValueError(f"private folder {private} is not inside {visible}")
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)  # whatever the umask
+    first, then = [], []
+    for target, name in _scratch_targets():
+        own = private / name
+        own.mkdir()
+        os.chmod(own, 0o1777)
+        if visible.is_relative_to(target):
+            if visible == target:
+                raise ValueError(f"the sandbox root cannot be {target} itself: sessions get a private {target}")
+            first.append(_fstab_line(visible, _mount_point(own, visible.relative_to(target)), "bind"))
+        # rbind: the copy of `visible` mounted inside comes along
+        then.append(_fstab_line(own, target, "rbind"))
+    fstab = private / FSTAB
+    fstab.write_text("".join(first + then))
+    os.chmod(fstab, 0o600)
+
+
+def _scratch_targets() -> list[tuple[Path, str]]:
+    """The shared scratch folders this host has, as real paths, each once (/var/lock may be /run/lock, say).
+    One it lacks needs no private copy, and a read-only root could not get a mount point for it anyway."""
+    targets: dict[Path, str] = {}
+    for path, name in SHARED_SCRATCH.items():
+        real = Path(os.path.realpath(path))
+        if real.is_dir() and real not in targets:
+            targets[real] = name
+    return list(targets.items())
+
+
+def _mount_point(base: Path, relative: Path) -> Path:
+    """`base/relative`, each folder made root's and 0755: in a sticky folder, the session's user can neither
+    remove nor replace them (a link there would redirect root's mount)."""
+    path = base
+    for part in relative.parts:
+        path = path / part
+        path.mkdir()
+        os.chmod(path, 0o755)
+    return path
+
+
+def _fstab_line(source: Path, target: Path, option: str) -> str:
+    return f"{_fstab_escape(source)} {_fstab_escape(target)} none {option} 0 0\n"
+
+
+def _fstab_escape(path: Path) -> str:
+    """fstab separates fields by white space; libmount reads octal escapes back."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(path))
 
 
 def namespaces_available(uid: int) -> bool:
-    """Whether this process can run commands in PID namespaces as another user (root with CAP_SYS_ADMIN)."""
+    """Whether this process can run commands as `command_argv` builds them (root with CAP_SYS_ADMIN, CAP_SETUID
+    and CAP_SETGID, util-linux unshare, mount and setpriv, mounts not denied by a security module): the whole
+    argv is tried, with a private folder of its own under the temp dir."""
     if os.geteuid() != 0:
         return False
+    probe = Path(tempfile.mkdtemp(prefix="kuberl-sandbox-probe-"))
     try:
-        argv = command_argv("true", Identity(uid=uid, gid=uid, isolated=True), CommandLimits())
-        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
+        os.chmod(probe, 0o711)
+        make_private_root(probe / "private", visible=probe)
+        identity = Identity(uid=uid, gid=uid, isolated=True, private=probe / "private")
+        result = subprocess.run(command_argv("true", identity, CommandLimits()), capture_output=True, timeout=10,
+                                cwd="/")  # fmt: skip
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        log.warning("cannot run commands in namespaces: %s", err)
         return False
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).decode(errors="replace").strip()
+        log.warning("cannot run commands in namespaces (exit %s): %s", result.returncode, output[-2000:])
+    return result.returncode == 0
 
 
 async def _stop(proc: asyncio.subprocess.Process, identity: Identity, exited: asyncio.Task[None]) -> None:

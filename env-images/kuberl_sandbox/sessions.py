@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,15 +23,17 @@ from typing import TypeVar
 
 from kuberl.api.environment import Snapshot, Task
 from kuberl.errors import ServiceError
-from kuberl_sandbox import snapshots
+from kuberl_sandbox import snapshots, uids
 from kuberl_sandbox import workspace as ws
-from kuberl_sandbox.execution import CommandResult, Identity, namespaces_available, run_command
+from kuberl_sandbox.execution import CommandResult, Identity, make_private_root, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
-from kuberl_sandbox.rights import Owner, session_rights
+from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
 from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, summarize
 
 HIDDEN_DIR = "hidden"
+RM = shutil.which("rm") or "/bin/rm"
+PRIVATE_DIR = "private"  # root's 0700: the session's own /tmp, /var/tmp, /dev/shm and /run/lock (isolated only)
 T = TypeVar("T")
 log = logging.getLogger("kuberl.sandbox")
 
@@ -40,8 +43,9 @@ def isolation_problem(settings: SandboxSettings, isolated: bool) -> str | None:
     if isolated or settings.allow_shared_user:
         return None
     return (
-        "cannot give sessions users and PID namespaces of their own (needs root with CAP_SETUID, CAP_SETGID and "
-        "CAP_SYS_ADMIN, and util-linux unshare); refusing to run agent code unisolated. "
+        "cannot give sessions users and namespaces of their own (needs root with CAP_SETUID, CAP_SETGID, "
+        "CAP_SYS_ADMIN and CAP_DAC_OVERRIDE, mount allowed by AppArmor, and util-linux unshare, setpriv and mount); "
+        "refusing to run agent code unisolated. "
         "For development only, set KUBERL_SANDBOX_ALLOW_SHARED_USER=1."
     )
 
@@ -82,6 +86,7 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.isolated = False  # decided by prepare()
         self._uids = itertools.count()
+        self._uid_block: uids.UidBlock | None = None  # claimed by prepare(), isolated only
         self._slots = asyncio.Semaphore(settings.max_concurrent_commands)
         self._bin = settings.root / ".bin"
 
@@ -89,7 +94,23 @@ class SessionManager:
     def prepare(self) -> None:
         """Create the root folder (reachable, not listable, by session users) and the `python` shim."""
         root = self.settings.root
-        self.isolated = namespaces_available(self.settings.uid_base)
+        if os.geteuid() == 0:
+            # Claimed before the probe, so that even the probe runs as a uid no other server on this host hands out.
+            # Held while the process lives: the kernel frees it however the process ends.
+            # In a user namespace (a `hostUsers: false` pod) the blocks are fitted into the ids it maps.
+            settings = self.settings
+            base, size, count = uids.mapped_blocks(settings.uid_base, settings.uid_block_size, settings.uid_blocks)
+            if size <= settings.max_sessions or count == 0:
+                raise RuntimeError(f"the uid block ({size} ids from {base}, of this process's uid map) must hold "
+                                   f"more than max_sessions ({settings.max_sessions}) sessions")  # fmt: skip
+            self._uid_block = uids.claim_block(base, size, count)
+            # The file tools switch their thread's file uid and gid to the session's; the supplementary groups
+            # are the process's and are not switched, so root drops its own (it needs none).
+            drop_supplementary_groups()
+        self.isolated = namespaces_available(self._uid_block.first if self._uid_block else self.settings.uid_base)
+        if not self.isolated and self._uid_block:
+            self._uid_block.release()
+            self._uid_block = None
         if problem := isolation_problem(self.settings, self.isolated):
             raise RuntimeError(problem)
         if not self.isolated:
@@ -114,7 +135,7 @@ class SessionManager:
             await asyncio.to_thread(self._write_task_files, session, task.files)
             await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
         except ws.WorkspaceError as err:
-            self._remove(session)
+            await asyncio.to_thread(self._remove, session)
             raise SessionError(400, str(err)) from None
         self._register(session)
         return session
@@ -134,10 +155,10 @@ class SessionManager:
             await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
             actual = await asyncio.to_thread(ws.checksum, session.workspace, session.owner)
         except ws.WorkspaceError as err:
-            self._remove(session)
+            await asyncio.to_thread(self._remove, session)
             raise SessionError(400, str(err)) from None
         if actual != snapshot.checksum:
-            self._remove(session)
+            await asyncio.to_thread(self._remove, session)
             raise SessionError(409, f"restored workspace checksum {actual[:12]} != snapshot {snapshot.checksum[:12]}")
         session.actions = list(snapshot.actions)
         self._register(session)
@@ -222,7 +243,7 @@ class SessionManager:
     async def close(self, session_id: str) -> None:
         session = self.get(session_id)
         async with session.lock:
-            self._remove(session)
+            await asyncio.to_thread(self._remove, session)
             self.sessions.pop(session_id, None)
             self.metrics.sessions_open.set(len(self.sessions))
 
@@ -313,9 +334,14 @@ class SessionManager:
         if len(self.sessions) >= self.settings.max_sessions:
             raise SessionError(503, f"this server holds its maximum of {self.settings.max_sessions} sessions")
         session_id = secrets.token_hex(8)
-        uid = self.settings.uid_base + next(self._uids) % self.settings.uid_span if self.isolated else os.geteuid()
-        identity = Identity(uid=uid, gid=uid if self.isolated else os.getegid(), isolated=self.isolated)
         home = self.settings.root / session_id
+        if self.isolated and self._uid_block:
+            # uids of this server's own block; after a wrap, skip any a long-lived session still has
+            taken = {s.identity.uid for s in self.sessions.values()}
+            uid = next(u for u in map(self._uid_block.uid, self._uids) if u not in taken)
+            identity = Identity(uid=uid, gid=uid, isolated=True, private=(home / PRIVATE_DIR).absolute())
+        else:
+            identity = Identity(uid=os.geteuid(), gid=os.getegid(), isolated=False)
         session = Session(session_id, task, identity, home, self.settings.limits)
         session.limits = self._limits(session, timeout_s)
         home.mkdir(mode=0o711)
@@ -323,6 +349,8 @@ class SessionManager:
             (home / sub).mkdir(mode=mode)
             if owned and session.owner:
                 os.chown(home / sub, *session.owner)
+        if identity.private:
+            make_private_root(identity.private, visible=self.settings.root)
         return session
 
     def _register(self, session: Session) -> None:
@@ -331,8 +359,10 @@ class SessionManager:
         self.metrics.sessions_created.inc()
 
     def _remove(self, session: Session) -> None:
-        # as root, but `shutil.rmtree` walks by descriptors and never follows a link out
-        shutil.rmtree(session.home, ignore_errors=True)
+        """Delete the session's folder. As root (the session's user may have made folders it cannot
+        enter), by GNU `rm`, which walks by descriptors without following links, stays on this file system,
+        and, unlike `shutil.rmtree`, has no recursion limit (a command can nest thousands of folders)."""
+        subprocess.run([RM, "-rf", "--one-file-system", "--", str(session.home)], capture_output=True, check=False)
 
     @staticmethod
     def _remove_file_as(path: Path, owner: Owner | None) -> None:
@@ -341,7 +371,7 @@ class SessionManager:
 
     @staticmethod
     def _remove_as(folder: Path, owner: Owner | None) -> None:
-        with session_rights(owner):
+        with session_rights(owner):  # the copy is at most MAX_DEPTH deep: rmtree's recursion holds
             shutil.rmtree(folder, ignore_errors=True)
 
     def _limits(self, session: Session, timeout_s: float | None) -> CommandLimits:
@@ -356,7 +386,8 @@ class SessionManager:
         return {
             "PATH": f"{self._bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(session.workspace),
-            "TMPDIR": str(session.home / "tmp"),
+            # isolated: the session's own /tmp (mounted for each command); else the session's tmp/ folder
+            "TMPDIR": "/tmp" if session.identity.isolated else str(session.home / "tmp"),
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",

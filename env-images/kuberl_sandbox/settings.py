@@ -55,8 +55,11 @@ class SandboxSettings:
     send the session's later calls there, so sessions work behind a load-balanced Service."""
     uid_base: int = 200_000
     """First user id handed to sessions; each session gets its own unprivileged uid."""
-    uid_span: int = 1_000_000
-    """Size of the uid range (uids are not reused until it wraps)."""
+    uid_block_size: int = 65_536
+    """Uids of one server: each server on a host claims a block of its own (see `uids.py`) and hands its
+    sessions uids from it, wrapping inside it; a uid comes back only after this many later sessions."""
+    uid_blocks: int = 32
+    """Blocks from `uid_base`: how many servers one host can run at once (uids up to about 2.3 million)."""
     python: str = "/usr/bin/python3"
     """Interpreter sessions see as `python` and `python3`."""
     observation_bytes: int = 4000

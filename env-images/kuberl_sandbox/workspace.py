@@ -32,6 +32,8 @@ from kuberl_sandbox.rights import Owner, session_rights
 
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
+MAX_DEPTH = 128
+"""Folders within folders that paths, listings, checksums and snapshots go through."""
 MAX_LISTED = 10_000
 """Entries a listing returns at most (a workspace with a million files must not make a huge answer)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -65,6 +67,8 @@ def path_names(relative: str | bytes) -> list[bytes]:
     names = [n for n in relative.split(b"/") if n not in (b"", b".")]
     if b".." in names:
         raise WorkspaceError(f"path {_shown(relative)} leads outside the workspace ('..' is not allowed)")
+    if len(names) > MAX_DEPTH:
+        raise WorkspaceError(f"path is {len(names)} names deep; the limit is {MAX_DEPTH}")
     if long := [n for n in names if len(n) > MAX_NAME_BYTES]:
         raise WorkspaceError(f"a name in the path is {len(long[0])} bytes long; the limit is {MAX_NAME_BYTES}")
     return names
@@ -263,9 +267,12 @@ def _kind(mode: int) -> str:
     return "link" if stat.S_ISLNK(mode) else "other"
 
 
-def walk(folder: int, prefix: bytes = b"") -> Iterator[Entry]:
+def walk(folder: int, prefix: bytes = b"", depth: int = 0) -> Iterator[Entry]:
     """Every entry under the open folder `folder`, depth first, names sorted; links are reported, never
-    followed, and a folder swapped for a link while walking is not entered."""
+    followed, and a folder swapped for a link while walking is not entered. Folders nested deeper than
+    MAX_DEPTH (a command can make thousands of levels) are refused, not walked."""
+    if depth > MAX_DEPTH:
+        raise WorkspaceError(f"folders are nested deeper than {MAX_DEPTH} levels at {_shown(prefix)}")
     names = sorted(os.fsencode(n) for n in os.listdir(folder))
     for name in names:
         try:
@@ -280,14 +287,19 @@ def walk(folder: int, prefix: bytes = b"") -> Iterator[Entry]:
             except OSError:
                 continue  # gone, swapped for a link, or unreadable to the session: not entered
             try:
-                yield from walk(inner, entry.path + b"/")
+                yield from walk(inner, entry.path + b"/", depth + 1)
             finally:
                 os.close(inner)
 
 
 def read_entry(entry: Entry, limit: int) -> bytes:
-    """A regular file's content from a walk (the file opened again without following a link)."""
-    fd = os.open(entry.name, _READ_FLAGS, dir_fd=entry.folder)
+    """A regular file's content from a walk (the file opened again without following a link). A file the
+    session's own user cannot read (the agent's `chmod 0`) is refused by name: the server reads only what
+    the session could."""
+    try:
+        fd = os.open(entry.name, _READ_FLAGS, dir_fd=entry.folder)
+    except OSError as err:
+        raise _refusal(err, entry.path) from None
     try:
         _regular(fd, entry.path)
         return _read_all(fd, limit)

@@ -123,12 +123,7 @@ def session_leftovers(sessions: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     "user_namespace",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-            "session uids start at 200000 (kuberl_sandbox.settings.uid_base), outside the 65536 ids a "
-            "hostUsers: false pod maps: setpriv --reuid fails and the server refuses to start"))),
-    ],
+    [False, True],
     ids=["host-users", "pod-user-namespace"],
 )  # fmt: skip
 def test_the_server_does_everything_with_the_rendered_capabilities(user_namespace):
