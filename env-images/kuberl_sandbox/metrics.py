@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from kuberl.api.tampering import TamperingReason
 from kuberl_sandbox.execution import CommandResult
 
 disable_created_metrics()  # the *_created series double the scrape for no dashboard use
@@ -35,6 +36,9 @@ class SandboxMetrics:
             "kuberl_sandbox_command_output_truncated_total", "Commands killed for exceeding the output cap.", registry=r
         )
         self.errors = Counter("kuberl_sandbox_errors_total", "Requests answered with an error.", ["reason"], registry=r)
+        self.tampering = Counter("kuberl_sandbox_tampering_total",
+                                 "Test reports judged forged or broken (scored 0), by reason.", ["reason"],
+                                 registry=r)  # fmt: skip
         # every series exists from the start at 0, so rates and alerts see 0 rather than nothing
         for kind in COMMAND_KINDS:
             self.commands.labels(kind)
@@ -42,6 +46,8 @@ class SandboxMetrics:
             self.timeouts.labels(kind)
         for status in ERROR_STATUSES:
             self.errors.labels(status)
+        for reason in TamperingReason:
+            self.tampering.labels(reason.value)
 
     def observe_command(self, kind: str, result: CommandResult) -> None:
         self.commands.labels(kind).inc()
@@ -50,3 +56,7 @@ class SandboxMetrics:
             self.timeouts.labels(kind).inc()
         if result.truncated:
             self.truncated.inc()
+
+    def observe_tampering(self, reason: str) -> None:
+        """A test report the sandbox judged forged or broken; `reason` is a TamperingReason value."""
+        self.tampering.labels(TamperingReason(reason).value).inc()

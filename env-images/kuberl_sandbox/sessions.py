@@ -23,13 +23,13 @@ from typing import TypeVar
 
 from kuberl.api.environment import Snapshot, Task
 from kuberl.errors import ServiceError
-from kuberl_sandbox import snapshots, uids
+from kuberl_sandbox import hardened, oracle, snapshots, uids
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult, Identity, make_private_root, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
-from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, summarize
+from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods
 
 HIDDEN_DIR = "hidden"
 RM = shutil.which("rm") or "/bin/rm"
@@ -48,6 +48,11 @@ def isolation_problem(settings: SandboxSettings, isolated: bool) -> str | None:
         "refusing to run agent code unisolated. "
         "For development only, set KUBERL_SANDBOX_ALLOW_SHARED_USER=1."
     )
+
+
+def _module_of(path: str) -> str:
+    """The module name of a test file: `sub/test_x.py` -> `sub.test_x`."""
+    return path.removesuffix(".py").replace("/", ".")
 
 
 class SessionError(ServiceError):
@@ -237,7 +242,10 @@ class SessionManager:
             ws.write_text(session.workspace, path, content, session.owner, self._max_file_bytes)
 
     def _write_hidden_tests(self, session: Session, folder: Path, owner: Owner | None) -> None:
-        for path, content in session.task.hidden_tests.items():
+        self._write_files(folder, session.task.hidden_tests, owner)
+
+    def _write_files(self, folder: Path, files: dict[str, str], owner: Owner | None) -> None:
+        for path, content in files.items():
             ws.write_text(folder, path, content, owner, self._max_file_bytes)
 
     async def close(self, session_id: str) -> None:
@@ -279,53 +287,75 @@ class SessionManager:
         return result
 
     async def run_tests(self, session: Session, hidden: bool = False) -> TestOutcome:
-        """The task's visible tests in the workspace, or the hidden tests in a scratch copy of it."""
+        """The task's visible tests (`run_tests`), or its hidden ones (the submission's score), in a scratch
+        copy of the workspace made as the session's user. Tasks with an oracle are scored by it; the rest by a
+        hardened unittest run on pristine copies of the test files (see oracle.py and hardened.py)."""
         task = session.task
-        if not hidden:
-            async with session.lock, self._slots:
-                result = await self._run(session, task.test_command, session.workspace, session.limits)
-            self.metrics.observe_command("tests", result)
-            visible = [c for p, c in task.files.items() if p.rsplit("/", 1)[-1].startswith("test")]
-            return summarize(result, count_test_methods(visible))
-        # The hidden tests run in a copy of the workspace made, like everything in it, as the session's
-        # user: the server reads nothing there with root's rights.
         scratch = session.home / "tmp" / f"score-{secrets.token_hex(4)}"
         async with session.lock, self._slots:
             try:
                 await self.file_op(snapshots.copy_workspace, session.workspace, scratch, session.owner,
                                    self._max_file_bytes)  # fmt: skip
-                await self.file_op(self._write_hidden_tests, session, scratch, session.owner)
-                if task.fail_to_pass:
-                    # One run per list, each scored against its own ids: a crash fails every test of its run.
-                    # The two lists are the hidden tests that count, so there is no third run of them all
-                    # (every submit of every episode pays for each Python start-up).
-                    fail_to_pass = await self._run_ids(session, task.fail_to_pass, scratch)
-                    resolution = Resolution(fail_to_pass, await self._run_ids(session, task.pass_to_pass, scratch))
-                    return resolution.combined()
-                result = await self._unittest(session, task.hidden_test_modules, scratch)
+                if task.oracle is not None:
+                    outcome = await self._oracle_run(session, scratch, hidden)
+                else:
+                    outcome = await self._hardened_run(session, scratch, hidden)
             except ws.WorkspaceError as err:
-                # the agent made its workspace uncopyable (an unreadable file, say): its submission fails
-                result = CommandResult(exit_code=None, output=f"error: {err}", truncated=False, timed_out=False,
-                                       duration_s=0.0)  # fmt: skip
+                # the agent made its workspace uncopyable (an unreadable file, say): every test fails
+                outcome = TestOutcome(total=0, passed=0, output=f"error: {err}", exit_code=None, timed_out=False)
             finally:
                 await self.file_op(self._remove_as, scratch, session.owner)
-        return summarize(result, count_test_methods(list(task.hidden_tests.values())))
+        if outcome.tampering is not None:
+            self.metrics.observe_tampering(outcome.tampering.value)
+            log.warning("session %s: test report not trusted (%s)", session.session_id, outcome.tampering.value)
+        return outcome
 
-    async def _unittest(self, session: Session, names: list[str], cwd: Path) -> CommandResult:
-        """`python -m unittest` of hidden test modules or test ids (validated dotted names) in `cwd`."""
-        result = await self._run(session, f"python -m unittest -q {' '.join(names)}", cwd, session.limits)
+    async def _oracle_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
+        task, nonce = session.task, oracle.new_nonce()
+        assert task.oracle is not None
+        checks = task.oracle.hidden if hidden else task.oracle.visible
+        if not checks:
+            return TestOutcome(total=0, passed=0, output="no tests to run", exit_code=0, timed_out=False)
+        result = await self._run(session, oracle.command(checks, str(scratch), nonce), scratch, session.limits)
+        self.metrics.observe_command("hidden_tests" if hidden else "tests", result)
+        if hidden and task.fail_to_pass:
+            return oracle.resolution(checks, result, nonce, task.fail_to_pass, task.pass_to_pass or [])
+        return oracle.outcome(checks, result, nonce)
+
+    async def _hardened_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
+        task, nonce = session.task, oracle.new_nonce()
+        visible = {p: c for p, c in task.files.items() if p.rsplit("/", 1)[-1].startswith("test")}
+        own = [p.removesuffix(".py").split("/")[0] for p in task.files if p not in visible]
+        tests = [_module_of(p) for p in [*visible, *task.hidden_tests]]
+        await self.file_op(hardened.clean, scratch, tests, own)
+        await self.file_op(self._write_files, scratch, visible, session.owner)
+        if not hidden:
+            result = await self._run(session, hardened.command([_module_of(p) for p in visible], str(scratch), nonce),
+                                     scratch, session.limits, test_run=True)  # fmt: skip
+            self.metrics.observe_command("tests", result)
+            return hardened.outcome(result, nonce, None, count_test_methods(list(visible.values())))
+        await self.file_op(self._write_files, scratch, task.hidden_tests, session.owner)
+        if task.fail_to_pass:
+            ids = [*task.fail_to_pass, *(task.pass_to_pass or [])]
+            result = await self._run(session, hardened.command(ids, str(scratch), nonce), scratch, session.limits,
+                                     test_run=True)  # fmt: skip
+            self.metrics.observe_command("hidden_tests", result)
+            parts = [hardened.outcome(result, nonce, list(i), 0) for i in (task.fail_to_pass, task.pass_to_pass or [])]
+            return Resolution(*parts).combined()
+        names = task.hidden_test_modules
+        result = await self._run(session, hardened.command(names, str(scratch), nonce), scratch, session.limits,
+                                 test_run=True)  # fmt: skip
         self.metrics.observe_command("hidden_tests", result)
-        return result
-
-    async def _run_ids(self, session: Session, ids: list[str] | None, cwd: Path) -> TestOutcome:
-        if not ids:  # unittest without names would discover the visible tests instead
-            return TestOutcome(total=0, passed=0, output="", exit_code=0, timed_out=False)
-        return summarize(await self._unittest(session, ids, cwd), len(ids))
+        return hardened.outcome(result, nonce, None, count_test_methods(list(task.hidden_tests.values())))
 
     # -------------------------------------------------------------------------------- internals
-    async def _run(self, session: Session, command: str, cwd: Path, limits: CommandLimits) -> CommandResult:
-        result = await run_command(command, cwd=str(cwd), env=self._env(session), identity=session.identity,
-                                   limits=limits)  # fmt: skip
+    async def _run(
+        self, session: Session, command: str, cwd: Path, limits: CommandLimits, test_run: bool = False
+    ) -> CommandResult:
+        env = self._env(session)
+        if test_run:  # a test run: HOME is not the workspace (no user site, no dotfiles of the agent's)
+            env["HOME"] = str(cwd.parent)
+        result = await run_command(command, cwd=str(cwd), env=env, identity=session.identity, limits=limits)
         # Where a session lives on this server is no business of the agent's: paths in output are shown
         # relative to the workspace, so the same state gives the same observation on any server.
         return dataclasses.replace(result, output=result.output.replace(f"{cwd}/", "").replace(str(cwd), "."))

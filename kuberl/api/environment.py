@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Protocol, Self, runtime_checkable
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, JsonValue, model_validator
 
 from kuberl.api.base import ApiModel
 from kuberl.api.spec import TaskSplit
@@ -40,6 +40,42 @@ def _hidden_module(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
+PythonName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+
+
+class CallCheck(ApiModel):
+    """One check of the trusted oracle: `function(*args)` of the workspace's `module` must return `expected`.
+
+    The call runs in a process of the agent's (its code may do anything there); only the returned value comes
+    back, as JSON, and the comparison is made by the sandbox server, so `expected` never enters that process.
+    Values compare as JSON does: a tuple returned equals the same list expected."""
+
+    test_id: TestId
+    """The test this check belongs to (a test passes when all its checks pass): a failToPass or passToPass id
+    for hidden checks, `test_module.Class.method` of the visible tests for visible ones."""
+    module: PythonName
+    """The module to import from the workspace, e.g. `geometry`."""
+    function: PythonName
+    """A function (or dotted attribute path) of the module."""
+    args: list[JsonValue] = Field(default_factory=list)
+    """Positional arguments."""
+    expected: JsonValue
+    """What the correct code returns."""
+    message: str | None = None
+    """Shown to the agent when a visible check fails (as a test's assertion message would be)."""
+
+
+class Oracle(ApiModel):
+    """Checks of a task that the sandbox scores without running test code in the agent's process: the
+    trusted scoring path for RL (see docs/rewards.md). With an oracle, `run_tests` runs `visible` and
+    `submit` runs `hidden`; the test files stay in the task for people and for other harnesses."""
+
+    visible: list[CallCheck] = Field(default_factory=list)
+    """What the `run_tests` tool checks (and the intermediate reward counts)."""
+    hidden: list[CallCheck] = Field(min_length=1)
+    """What `submit` scores; their test ids are the task's failToPass and passToPass."""
+
+
 class Task(ApiModel):
     """One task of a suite: the files the agent starts from, how to test them, and the hidden tests.
 
@@ -64,6 +100,8 @@ class Task(ApiModel):
     """Hidden test ids that fail on the starting files and must pass after the fix (SWE-bench FAIL_TO_PASS)."""
     pass_to_pass: list[TestId] | None = None
     """Hidden test ids that pass on the starting files and must still pass (SWE-bench PASS_TO_PASS)."""
+    oracle: Oracle | None = None
+    """Calls with expected results that the sandbox checks itself: a score the code under test cannot forge."""
 
     @model_validator(mode="after")
     def _ids_name_hidden_tests(self) -> Self:
@@ -74,6 +112,14 @@ class Task(ApiModel):
                 f"failToPass/passToPass: test ids {outside} name no hiddenTests file; expected "
                 f"module.Class.method with the module one of {modules}"
             )
+        if self.oracle is not None and ids:
+            checked = {c.test_id for c in self.oracle.hidden}
+            if missing := sorted(set(ids) - checked):
+                raise ValueError(f"oracle.hidden: no check for the failToPass/passToPass ids {missing}")
+            if extra := sorted(checked - set(ids)):
+                raise ValueError(
+                    f"oracle.hidden: checks of test ids {extra} that are in neither failToPass nor passToPass"
+                )
         return self
 
     @property

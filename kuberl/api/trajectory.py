@@ -68,6 +68,9 @@ class Trajectory(ApiModel):
     resolved: bool | None = None
     """The submission resolved the task (every failToPass and passToPass hidden test passed); False when it did
     not or the episode never submitted; None when the task has no failToPass."""
+    tampering: str | None = None
+    """Why the sandbox judged the episode's test report forged (e.g. `missing_answers`), if it did: the
+    episode scored 0 for it."""
     error: str | None = None
     """Why the episode failed (finish reason `error`): the learner drops it and may re-submit the task."""
     sandbox_session_id: str | None = None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kuberl.api.environment import Task
+from kuberl.api.environment import CallCheck, Oracle, Task
 from kuberl.api.spec import TaskSplit
 
 SUITE = "swe-toy"
@@ -453,7 +453,7 @@ def _expectation(function: Function, module: Module) -> str:
     # Quoting the wrong expression lets a small model copy the edit's `old` text from one cue, instead of
     # finding the named function in the file first (a lookup a 2-layer model rarely got right: 48 in 112).
     wrong = f", not {function.bug}" if function is module.target else ""
-    return json.dumps(f"{function.signature} should use {function.site}{wrong}")
+    return f"{function.signature} should use {function.site}{wrong}"
 
 
 def _class_name(module: str) -> str:
@@ -472,10 +472,24 @@ def _test_file(module: Module, class_name: str, methods: list[tuple[str, list[st
 def _visible_tests(module: Module, cases: dict[str, list[Case]]) -> str:
     methods = []
     for f in module.functions:
-        message = _expectation(f, module)
+        message = json.dumps(_expectation(f, module))
         asserts = [f"self.assertEqual({_call_text(f, c)}, {c.expected!r}, {message})" for c in cases[f.name]]
         methods.append((f"test_{f.name}", asserts))
     return _test_file(module, f"Test{_class_name(module.name)}", methods)
+
+
+def _check(module: Module, function: Function, case: Case, test_id: str, message: str | None = None) -> CallCheck:
+    if json.loads(json.dumps([list(case.args), case.expected])) != [list(case.args), case.expected]:
+        raise RuntimeError(f"{function.name}{case.args!r} -> {case.expected!r} is not plain JSON: no oracle check")
+    return CallCheck(test_id=test_id, module=module.name, function=function.name, args=list(case.args),
+                     expected=case.expected, message=message)  # fmt: skip
+
+
+def _visible_checks(module: Module, cases: dict[str, list[Case]]) -> list[CallCheck]:
+    """The visible tests as oracle checks, with the assertion messages the test file has."""
+    test_class = f"test_{module.name}.Test{_class_name(module.name)}"
+    return [_check(module, f, c, f"{test_class}.test_{f.name}", _expectation(f, module))
+            for f in module.functions for c in cases[f.name]]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -486,18 +500,24 @@ class HiddenTests:
     source: str
     fail_to_pass: list[str]
     pass_to_pass: list[str]
+    checks: list[CallCheck]
+    """The same tests as oracle checks."""
 
 
 def _hidden_tests(module: Module, cases: dict[str, list[Case]]) -> HiddenTests:
     methods: list[tuple[str, list[str]]] = []
     targeted: list[str] = []
+    calls: list[tuple[str, Function, Case]] = []  # (method, function, case) of every assert
     for f in module.functions:
         asserts = [f"self.assertEqual({_call_text(f, c)}, {c.expected!r})" for c in cases[f.name]]
         if f is module.target:  # one method per case: a case the bug gets wrong is its own FAIL_TO_PASS test
-            targeted += [f"test_{f.name}_{i}" for i in range(1, len(asserts) + 1)]
-            methods += [(name, [a]) for name, a in zip(targeted, asserts, strict=True)]
+            names = [f"test_{f.name}_{i}" for i in range(1, len(asserts) + 1)]
+            targeted += names
+            methods += [(name, [a]) for name, a in zip(names, asserts, strict=True)]
+            calls += [(name, f, c) for name, c in zip(names, cases[f.name], strict=True)]
         else:
             methods.append((f"test_{f.name}", asserts))
+            calls += [(f"test_{f.name}", f, c) for c in cases[f.name]]
     class_name, test_module = f"HiddenTest{_class_name(module.name)}", f"hidden_test_{module.name}"
     ids = {name: f"{test_module}.{class_name}.{name}" for name, _ in methods}
     return HiddenTests(
@@ -505,6 +525,7 @@ def _hidden_tests(module: Module, cases: dict[str, list[Case]]) -> HiddenTests:
         source=_test_file(module, class_name, methods),
         fail_to_pass=[ids[name] for name in targeted],
         pass_to_pass=[ids[name] for name, _ in methods if name not in targeted],
+        checks=[_check(module, f, c, ids[name]) for name, f, c in calls],
     )
 
 
@@ -542,6 +563,7 @@ def make_task(index: int, seed: int = 0, test_fraction: float = 0.25) -> Task:
         hidden_tests={hidden_tests.path: hidden_tests.source},
         fail_to_pass=hidden_tests.fail_to_pass,
         pass_to_pass=hidden_tests.pass_to_pass,
+        oracle=Oracle(visible=_visible_checks(module, visible), hidden=hidden_tests.checks),
         metadata={
             "bugKind": kind,
             "module": module.name,
