@@ -56,6 +56,9 @@ class SleepyEnvironment:
     def resolved(self) -> bool | None:
         return None
 
+    def tampering(self) -> str | None:
+        return None
+
     async def close(self) -> None:
         return None
 

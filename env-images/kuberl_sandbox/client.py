@@ -176,6 +176,17 @@ class SandboxEnvironment:
             return hidden["resolved"] is True
         return False if self.task is not None and self.task.fail_to_pass else None
 
+    def tampering(self) -> str | None:
+        """Why the sandbox judged one of the episode's test reports forged or broken (a TamperingReason value
+        from `tests.tampering` of a run_tests result or `hiddenTests.tampering` of a submit), the first one in
+        step order; None when none was."""
+        for result in self.results:
+            for key in ("tests", "hiddenTests"):
+                report = result.info.get(key)
+                if isinstance(report, dict) and report.get("tampering"):
+                    return str(report["tampering"])
+        return None
+
     async def snapshot(self) -> Snapshot:
         return await self.client.snapshot(self._session())
 

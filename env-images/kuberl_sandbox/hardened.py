@@ -1,9 +1,9 @@
 """Hardened unittest runs: for tasks without an oracle, whose tests must run inside the agent's process.
 
 What this path removes: everything that lets the *workspace* decide what runs before or instead of the
-tests. The tests run in a scratch copy whose test files are the task's pristine copies, cleaned of bytecode
-caches, `.pth` files, `sitecustomize`/`usercustomize`, and modules named like the standard library or the
-test modules; Python starts isolated (`-I`: no user site, no PYTHON* variables, the script's folder not on
+tests. The tests run in a scratch copy whose test files are the task's pristine copies, cleaned of links,
+bytecode caches, `.pth` files, `sitecustomize`/`usercustomize`, and modules named like the standard library
+or the test modules; Python starts isolated (`-I`: no user site, no PYTHON* variables, the script's folder not on
 `sys.path`) with the workspace appended *after* the standard library; the result is a JSON report after a
 nonce, written by the runner, checked against the expected test ids (a printed "OK" counts for nothing).
 
@@ -87,14 +87,16 @@ def clean(scratch: Path, test_modules: Iterable[str], task_modules: Iterable[str
 
 
 def _doomed(entry: ws.Entry, shadowed: set[bytes]) -> bool:
+    """Links of any kind go (a link can bring a package, or a `__pycache__` of the live workspace, in under
+    a pristine name); so does anything, of any kind, named like a shadowed module or a cache."""
     name, top = entry.name, b"/" not in entry.path
-    if entry.kind == "dir":
-        return name == b"__pycache__" or (top and name in shadowed)
-    stem = name.rsplit(b".", 1)[0]
+    stem = name.rsplit(b".", 1)[0] if name.endswith((b".py", b".pyc", b".so")) else name
     return (
-        name.endswith((b".pyc", b".pth", b".so"))
+        entry.kind == "link"
+        or name == b"__pycache__"
+        or name.endswith((b".pyc", b".pth", b".so"))
         or name in STARTUP_FILES
-        or (top and name.endswith(b".py") and stem in shadowed)
+        or (top and stem in shadowed)
     )
 
 

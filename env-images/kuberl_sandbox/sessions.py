@@ -55,6 +55,16 @@ def _module_of(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
+def _unscorable(task: Task, hidden: bool, why: str) -> TestOutcome:
+    """The outcome of a run that could not happen: nothing passed (and, for a submission, not resolved)."""
+    failed = TestOutcome(total=0, passed=0, output=why, exit_code=None, timed_out=False)
+    if not (hidden and task.fail_to_pass):
+        return failed
+    parts = [TestOutcome(total=len(ids), passed=0, output=why if ids is task.fail_to_pass else "", exit_code=None,
+                         timed_out=False) for ids in (task.fail_to_pass, task.pass_to_pass or [])]  # fmt: skip
+    return Resolution(*parts).combined()
+
+
 class SessionError(ServiceError):
     """A request about sessions that cannot be served."""
 
@@ -301,8 +311,9 @@ class SessionManager:
                 else:
                     outcome = await self._hardened_run(session, scratch, hidden)
             except ws.WorkspaceError as err:
-                # the agent made its workspace uncopyable (an unreadable file, say): every test fails
-                outcome = TestOutcome(total=0, passed=0, output=f"error: {err}", exit_code=None, timed_out=False)
+                # the agent made its workspace unscorable (an unreadable file, a folder where a test file goes):
+                # every test fails, and a submission still gets its verdict
+                outcome = _unscorable(task, hidden, f"error: the workspace cannot be tested: {err}")
             finally:
                 await self.file_op(self._remove_as, scratch, session.owner)
         if outcome.tampering is not None:

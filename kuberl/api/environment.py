@@ -112,7 +112,7 @@ class Task(ApiModel):
                 f"failToPass/passToPass: test ids {outside} name no hiddenTests file; expected "
                 f"module.Class.method with the module one of {modules}"
             )
-        if self.oracle is not None and ids:
+        if self.oracle is not None and self.fail_to_pass is not None:
             checked = {c.test_id for c in self.oracle.hidden}
             if missing := sorted(set(ids) - checked):
                 raise ValueError(f"oracle.hidden: no check for the failToPass/passToPass ids {missing}")

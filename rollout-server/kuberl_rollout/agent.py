@@ -114,6 +114,7 @@ class Agent:
             final_reward=state["final"] or 0.0,
             finish_reason=state["finish"],
             resolved=env.resolved(),
+            tampering=env.tampering(),
             error=state["error"],
             sandbox_session_id=session_id,
             timings=timings,

@@ -13,6 +13,7 @@ from monitoring.schema import ALERT_TESTS, ALERTS, alert_rules, selectors
 EXPECTED = {
     "KubeRLJobFailed", "KubeRLJobStoppedByBreaker", "KubeRLJobNoTrainingProgress", "KubeRLCheckpointTooOld",
     "KubeRLStalenessAboveBound", "KubeRLRolloutFailureRateHigh", "KubeRLSandboxTimeoutsHigh",
+    "KubeRLRewardTampering",
     "KubeRLOperatorDown", "KubeRLOperatorReconcileErrors",
 }  # fmt: skip
 

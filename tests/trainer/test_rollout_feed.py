@@ -15,17 +15,19 @@ from kuberl_trainer.rollout_feed import FeedState, RolloutFeed, admissible, stal
 
 
 def trajectory(group_id: str, task_id: str, index: int, version: int, error: str | None = None,
-               reward: float | None = None) -> Trajectory:  # fmt: skip
+               reward: float | None = None, tampering: str | None = None) -> Trajectory:  # fmt: skip
     return Trajectory(trajectory_id=f"{group_id}-{index}", task_id=task_id, group_id=group_id,
                       token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], logprobs=[0, 0, -1, -1],
                       policy_versions=[-1, -1, version, version], prompt_length=2,
                       final_reward=float(index) if reward is None else reward,
-                      finish_reason="error" if error else "submitted", error=error)  # fmt: skip
+                      finish_reason="error" if error else "submitted", error=error,
+                      tampering=tampering)  # fmt: skip
 
 
 class WorkQueue:
     """Groups submitted; `finish(version)` completes every open one as if sampled by `version`. Members
-    of a group get different rewards, except for the tasks in `uniform` (all 0: too hard)."""
+    of a group get different rewards, except for the tasks in `uniform` (all 0: too hard). In the tasks of
+    `tampered`, the members that score 0 forged their test report (the sandbox scored them 0 for it)."""
 
     def __init__(self, servers: int = 1) -> None:
         self.ids = itertools.count()
@@ -34,6 +36,7 @@ class WorkQueue:
         self.submitted: list[SubmittedGroup] = []
         self.servers, self.down, self.lost = servers, set(), []
         self.uniform: set[str] = set()
+        self.tampered: set[str] = set()
 
     def crash(self, server: int) -> None:
         """The server dies with its open groups; the next collect reports it lost."""
@@ -53,9 +56,11 @@ class WorkQueue:
     def finish(self, version: int, count: int | None = None, error_first: bool = False) -> None:
         finishing, self.open = self.open[:count], self.open[len(self.open[:count]) :]
         for g in finishing:
-            self.done += [trajectory(g.group_id, g.task_id, i, version, "sandbox lost" if error_first and i == 0
-                                     else None, 0.0 if g.task_id in self.uniform else None)
-                          for i in range(g.size)]  # fmt: skip
+            for i in range(g.size):
+                reward = 0.0 if g.task_id in self.uniform else float(i)
+                forged = "missing_answers" if g.task_id in self.tampered and reward == 0.0 else None
+                self.done.append(trajectory(g.group_id, g.task_id, i, version, "sandbox lost" if error_first and
+                                            i == 0 else None, reward, forged))  # fmt: skip
 
     def collect(self, wait: float) -> Collected:
         out, self.done = self.done, []
@@ -68,10 +73,10 @@ def differ(group: list[Trajectory]) -> bool:
 
 
 def feed(queue: WorkQueue, asynchronous: bool, max_staleness: int = 1, state: FeedState | None = None,
-         has_signal=None, on_drop=None):  # fmt: skip
+         has_signal=None, on_drop=None, on_tampered=None):  # fmt: skip
     return RolloutFeed(queue, [f"t{i}" for i in range(10)], group_size=2, groups_per_step=2,
                        asynchronous=asynchronous, max_staleness=max_staleness, seed=100, state=state,
-                       has_signal=has_signal, on_drop=on_drop)  # fmt: skip
+                       has_signal=has_signal, on_drop=on_drop, on_tampered=on_tampered)  # fmt: skip
 
 
 def test_staleness_counts_versions_behind_the_oldest_token():
@@ -293,3 +298,38 @@ def test_a_group_left_with_one_usable_member_after_its_reruns_has_no_signal():
     assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1", "t0", "t1", "t2", "t3"]
     assert batch.groups_dropped == 2 and batch.failed == 0  # one member is no baseline: both dropped
     assert sorted({t.task_id for t in batch.trajectories}) == ["t2", "t3"]
+
+
+# ------------------------------------------------------------------------------------ tampering
+def test_tampered_trajectories_are_counted_per_batch_trained_or_dropped():
+    queue = WorkQueue()
+    queue.uniform, queue.tampered = {"t0"}, {"t0", "t1"}  # t0: both members forged (all 0: dropped); t1: one
+    live = []
+    f = feed(queue, asynchronous=False, has_signal=differ, on_tampered=live.append)
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert batch.groups_dropped == 1 and sorted({t.task_id for t in batch.trajectories}) == ["t1", "t2"]
+    assert batch.tampered == 3 and live == [2, 1]  # the dropped group's forgeries count too, live and per batch
+    assert [t.tampering for t in batch.trajectories if t.task_id == "t1"] == ["missing_answers", None]
+    queue.tampered.clear()
+    nxt = f.next_batch(version=1, stop=lambda: queue.finish(version=1) or False, poll=0)
+    assert nxt.tampered == 0 and live == [2, 1]  # counted once, with its batch
+
+
+def test_a_group_run_again_counts_its_tampering_for_its_last_run_only():
+    queue = WorkQueue()
+    queue.tampered = {"t0", "t1"}
+    live = []
+    f = feed(queue, asynchronous=False, on_tampered=live.append)
+    polls = itertools.count()  # the first run of t0 and t1 loses a sandbox: both run again
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=next(polls) == 0) or False,
+                         poll=0)  # fmt: skip
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1"]
+    assert batch.tampered == 2 and live == [1, 1]  # member 0 of each rerun (reward 0) forged its report
+
+
+def test_without_tampering_nothing_is_counted():
+    queue = WorkQueue()
+    live = []
+    f = feed(queue, asynchronous=True, on_tampered=live.append)
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert batch.tampered == 0 and not live

@@ -221,7 +221,8 @@ def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingSta
     signal_of = partial(has_signal, algorithm=spec.algorithm) if filters_uniform_groups(spec.algorithm) else None
     feed = RolloutFeed(client, task_ids, spec.algorithm.group_size, groups_per_step, asynchronous,
                        spec.training.max_staleness, spec.training.seed, saved, on_restart=publisher.catch_up,
-                       has_signal=signal_of, on_drop=metrics.groups_dropped.inc)  # fmt: skip
+                       has_signal=signal_of, on_drop=metrics.groups_dropped.inc,
+                       on_tampered=metrics.tampered.inc)  # fmt: skip
     if metrics_port is not None:
         metrics.serve(metrics_port)
     status = StatusFile(run_dir / "status.json", ClusterStatus.from_environment())
@@ -255,6 +256,7 @@ def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waite
         "trajectories": len(batch.trajectories),
         "failed": batch.failed, "stale_dropped": batch.stale_dropped, "resubmitted": batch.resubmitted,
         "groups_dropped": batch.groups_dropped, "uniform_group_fraction": round(batch.uniform_group_fraction, 4),
+        "tampered": batch.tampered,
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
         "staleness_max": max(batch.staleness, default=0), "mismatch_kl": report["mismatch_kl"],
         "kl_ref": report["kl_ref"], "entropy": report["entropy"], "value_loss": report["value_loss"],

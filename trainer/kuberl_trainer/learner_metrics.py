@@ -49,6 +49,9 @@ class LearnerMetrics:
         self.groups_dropped = Counter("kuberl_learner_groups_dropped_total",
                                       "Task groups dropped by dynamic sampling: every trajectory had the same reward.",
                                       registry=r)  # fmt: skip
+        self.tampered = Counter("kuberl_learner_tampered_trajectories_total",
+                                "Trajectories whose sandbox judged a test report forged (scored 0).",
+                                registry=r)  # fmt: skip
         self.trajectories = Counter("kuberl_learner_trajectories_total", "Trajectories received, by outcome.",
                                     ["outcome"], registry=r)  # fmt: skip
         self.phase_seconds = Histogram(

@@ -12,6 +12,11 @@ baseline nothing; it is dropped, counted, and the next task is submitted in its 
 holds `groups_per_step` groups, all with signal. `batches_without_signal` counts the batch-sized runs of
 such groups in a row (the NoLearningSignal breaker's input).
 
+Tampering (issue 17): a trajectory whose sandbox judged a test report forged carries the reason
+(`Trajectory.tampering`, scored 0). Every finished group's such members are counted as the group finishes,
+whether it is then trained, dropped for no signal or too stale, so a policy that learns to forge shows up
+even when all its groups score 0 and are dropped.
+
 Nothing is lost to a failure: the groups of a rollout server that went down or restarted are submitted
 again elsewhere, and a group with a failed episode (a sandbox lost mid-trajectory) is run again, up
 to `MAX_RERUNS` times, before it is trained without the failed members.
@@ -49,6 +54,7 @@ class Batch:
     groups_dropped: int = 0  # groups without signal (equal rewards) dropped since the previous batch
     dropped_episodes: int = 0  # usable trajectories of those groups
     dropped_solved: int = 0  # of which solved (final reward >= 1): a group of all successes is dropped too
+    tampered: int = 0  # trajectories with a tampering reason, of the groups finished since the previous batch
 
     @property
     def drawn_solve_rate(self) -> float:
@@ -79,7 +85,8 @@ class RolloutFeed:
                  asynchronous: bool, max_staleness: int, seed: int, state: FeedState | None = None,
                  on_restart: Callable[[int], None] | None = None,
                  has_signal: Callable[[list[Trajectory]], bool] | None = None,
-                 on_drop: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 on_drop: Callable[[], None] | None = None,
+                 on_tampered: Callable[[int], None] | None = None) -> None:  # fmt: skip
         if not task_ids:
             raise ValueError("no tasks to train on: check spec.environment.tasks")
         self.client, self.task_ids, self.group_size = client, task_ids, group_size
@@ -95,9 +102,11 @@ class RolloutFeed:
         self.on_restart = on_restart  # a server came back: it needs the current weights
         self.has_signal = has_signal  # dynamic sampling: keep a finished group only if it teaches
         self.on_drop = on_drop  # a group without signal was dropped (counted live, not per batch)
+        self.on_tampered = on_tampered  # a finished group had this many tampered members (counted live)
         self.uniform_in_a_row = 0  # groups without signal since the last group with signal
         self._groups_dropped = 0
         self._dropped_episodes = self._dropped_solved = 0
+        self._tampered = 0
         self._stale_dropped = 0
         self._resubmitted = 0
         self._reruns: dict[tuple[str, int], int] = {}
@@ -127,9 +136,9 @@ class RolloutFeed:
         failed = sum(len(g) for g in groups) - len(usable)
         batch = Batch(usable, failed, self._stale_dropped, self._resubmitted, [staleness(t, version) for t in usable],
                       time.monotonic() - started, self._groups_dropped, self._dropped_episodes,
-                      self._dropped_solved)  # fmt: skip
+                      self._dropped_solved, self._tampered)  # fmt: skip
         self._stale_dropped = self._resubmitted = self._groups_dropped = 0
-        self._dropped_episodes = self._dropped_solved = 0
+        self._dropped_episodes = self._dropped_solved = self._tampered = 0
         if self.asynchronous:
             self._refill()  # the next batch is generated while this one trains
         return batch
@@ -205,10 +214,20 @@ class RolloutFeed:
             self._resubmitted += 1
             self._submit(group.task_id, group.seed)
             return
+        self._count_tampered(members)
         if self._without_signal(members):
             return
         if self._admit(members, version, resubmit=(group.task_id, group.seed)):
             self.ready.append(members)
+
+    def _count_tampered(self, group: list[Trajectory]) -> None:
+        """A finished group's members whose sandbox judged a test report forged (once per group: a group
+        run again is counted for its last run only)."""
+        tampered = sum(t.tampering is not None for t in group)
+        if tampered:
+            self._tampered += tampered
+            if self.on_tampered is not None:
+                self.on_tampered(tampered)
 
     def _without_signal(self, group: list[Trajectory]) -> bool:
         """Dynamic sampling: drop a group whose usable members' rewards are all equal, and draw the next
