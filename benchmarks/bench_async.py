@@ -19,8 +19,8 @@ TAIL = "python -c 'import random, time; time.sleep(min(20.0, 0.15 * random.paret
 
 
 def slow_tasks(path: Path) -> Path:
-    from kuberl_sandbox.suites import load_tasks
-    from kuberl_sandbox.suites.store import write_jsonl
+    from kuberl.suites import load_tasks
+    from kuberl.suites.store import write_jsonl
 
     tasks = [t.model_copy(update={"test_command": TAIL + t.test_command}) for t in load_tasks("swe-toy")]
     write_jsonl(tasks, path)

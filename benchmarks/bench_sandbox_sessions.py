@@ -17,8 +17,8 @@ import time
 
 import httpx
 
+from kuberl.suites.swe_toy import generate
 from kuberl_sandbox.local import local_sandbox
-from kuberl_sandbox.suites.swe_toy import generate
 
 LEVELS = tuple(int(x) for x in os.environ.get("KUBERL_BENCH_LEVELS", "100,500,1000").split(","))
 THINK_S = 5.0  # an agent turn: ~150 generated tokens at ~30 tokens/s per sequence

@@ -8,6 +8,7 @@ import sys
 import click
 
 from kuberl import __version__
+from kuberl.api import env_vars
 from kuberl.crd import rljob_crd_yaml
 from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
@@ -104,7 +105,7 @@ def operator_command(
     import os
 
     if metrics_port:
-        os.environ["KUBERL_OPERATOR_METRICS_PORT"] = str(metrics_port)  # read when the handlers are imported
+        os.environ[env_vars.OPERATOR_METRICS_PORT] = str(metrics_port)  # read when the handlers are imported
     import kopf
 
     import kuberl_operator.handlers  # noqa: F401  (registers the handlers)
@@ -230,7 +231,7 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
     solve_rate = None
     if evaluate:
         from kuberl.local.evaluate import summary_line
-        from kuberl_sandbox.suites import load_tasks
+        from kuberl.suites import load_tasks
         from kuberl_trainer.evaluation import evaluate as evaluate_tasks
         from kuberl_trainer.rollout_client import RolloutClient
 
@@ -303,8 +304,8 @@ def evaluate_command(policy: str, job_file: str, tasks_uri: str | None, split: s
     from kuberl.local.evaluate import evaluate_policy, summary_line, write_summary
     from kuberl.rewards import check_tasks, resolve_reward
     from kuberl.storage import check_model_folder
+    from kuberl.suites import load_tasks
     from kuberl.validation import ManifestError, load_rljob
-    from kuberl_sandbox.suites import load_tasks
 
     try:
         job = load_rljob(job_file)
@@ -372,8 +373,8 @@ def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None
     from pathlib import Path
 
     from kuberl.storage import check_model_folder, local_copy
+    from kuberl.suites import load_tasks
     from kuberl.validation import ManifestError, load_rljob
-    from kuberl_sandbox.suites import load_tasks
     from kuberl_trainer.learner import run_learner
 
     try:
@@ -382,7 +383,7 @@ def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None
         task_ids = [t.task_id for t in load_tasks(env.name, env.tasks.uri, str(env.tasks.split))]
         model = model_path or str(local_copy(job.spec.model.uri))
         check_model_folder(model)
-        started = float(os.environ["KUBERL_JOB_STARTED_AT"]) if os.environ.get("KUBERL_JOB_STARTED_AT") else None
+        started = float(os.environ[env_vars.JOB_STARTED_AT]) if os.environ.get(env_vars.JOB_STARTED_AT) else None
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     folder = Path(run_dir or f"runs/{job.name}")

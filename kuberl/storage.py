@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-DEFAULT_CACHE = Path(os.environ.get("KUBERL_CACHE", "~/.cache/kuberl")).expanduser()
+from kuberl.api import env_vars
+
+DEFAULT_CACHE = Path(os.environ.get(env_vars.CACHE, "~/.cache/kuberl")).expanduser()
 
 
 class LocalCopyError(ValueError):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from kuberl.api import env_vars
 from kuberl_sandbox.settings import ADVERTISE_ENV
 
 
@@ -45,7 +46,7 @@ def local_sandbox(
     os.chmod(base, 0o711)
     token, port = token or secrets.token_hex(16), free_port()
     log = base / "server.log"
-    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
+    env = {**os.environ, env_vars.SANDBOX_TOKEN: token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
     argv = [sys.executable, "-m", "kuberl.cli", "sandbox", "--host", "127.0.0.1", "--port", str(port),
             "--root", str(base / "sessions"), "--max-sessions", str(max_sessions),
             "--session-timeout", session_timeout]  # fmt: skip

@@ -6,8 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TOKEN_ENV = "KUBERL_SANDBOX_TOKEN"
-ADVERTISE_ENV = "KUBERL_SANDBOX_ADVERTISE_URL"
+from kuberl.api import env_vars
+
+TOKEN_ENV = env_vars.SANDBOX_TOKEN
+ADVERTISE_ENV = env_vars.SANDBOX_ADVERTISE_URL
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,9 @@ class SandboxSettings:
         token = token or os.environ.get(TOKEN_ENV, "")
         if not token:
             raise ValueError(f"no token: set {TOKEN_ENV} (callers must send it as 'Authorization: Bearer <token>')")
-        root_path = Path(root or os.environ.get("KUBERL_SANDBOX_ROOT", "/tmp/kuberl-sandbox"))
-        python = os.environ.get("KUBERL_SANDBOX_PYTHON") or _find_python()
-        shared = os.environ.get("KUBERL_SANDBOX_ALLOW_SHARED_USER", "") in ("1", "true", "yes")
+        root_path = Path(root or os.environ.get(env_vars.SANDBOX_ROOT, "/tmp/kuberl-sandbox"))
+        python = os.environ.get(env_vars.SANDBOX_PYTHON) or _find_python()
+        shared = os.environ.get(env_vars.SANDBOX_ALLOW_SHARED_USER, "") in ("1", "true", "yes")
         advertise = os.environ.get(ADVERTISE_ENV) or None
         return SandboxSettings(root=root_path, token=token, python=python, allow_shared_user=shared,
                                advertise_url=advertise)  # fmt: skip

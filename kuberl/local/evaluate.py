@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kuberl.api import env_vars
 from kuberl.api.environment import Task
 from kuberl.api.rljob import RLJob
 from kuberl.local.processes import Ports, plan
@@ -30,7 +31,7 @@ def served_policy_urls(job: RLJob, job_file: Path, policy: str, work_dir: Path, 
     ports = Ports([free_port()], [free_port()], free_port())
     sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-eval-{job.name}-", dir="/tmp"))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
-    token = os.environ.get("KUBERL_SANDBOX_TOKEN") or secrets.token_hex(16)
+    token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)
     specs = plan(job, job_file, work_dir, policy, ports, token, sandbox_root, os.cpu_count() or 1)
     serving = [s for s in specs if s.tier != "learner"]
     supervisor = Supervisor(serving, retry_budget=0, log=log)

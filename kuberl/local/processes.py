@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
 
 
@@ -43,7 +44,7 @@ def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Port
     sandbox_urls = [f"http://127.0.0.1:{p}" for p in ports.sandboxes]
     rollout_urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
     spec = job.spec
-    token = {"KUBERL_SANDBOX_TOKEN": sandbox_token}
+    token = {env_vars.SANDBOX_TOKEN: sandbox_token}
     out = [
         ProcessSpec(f"sandbox-{i}", "sandbox",
                     [*python, "sandbox", "--host", "127.0.0.1", "--port", str(port), "--root",

@@ -26,9 +26,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import ValidationError
 
+from kuberl.api import env_vars
+from kuberl.api.breakers import Progress, Stop, phase_for, stop_for
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
-from kuberl.api.types import parse_duration
 from kuberl.job_metrics import JobMetrics
 from kuberl.local.plots import plot_learning_curve
 from kuberl.local.processes import Ports, local_replicas, plan, prometheus_targets
@@ -39,6 +41,7 @@ from kuberl_sandbox.local import free_port
 POLL_S = 0.5
 STOP_GRACE_S = 300.0  # a learner's final checkpoint of a large model takes a while
 TARGETS_FILE = "prometheus_targets.json"
+_LEARNER_STEP_LIMITS = frozenset({Reason.COMPLETED, Reason.MAX_STEPS_REACHED})
 # The reason of each phase the runner itself is in (a stopped job's reason is its Stop's).
 _RUNNER_REASONS = {Phase.PENDING: Reason.CREATED, Phase.INITIALIZING: Reason.CREATING_WORKERS,
                    Phase.RUNNING: Reason.TRAINING, Phase.RECOVERING: Reason.WORKER_LOST}  # fmt: skip
@@ -70,13 +73,6 @@ class RunRecord:
     @staticmethod
     def load(path: Path) -> RunRecord:
         return RunRecord(**json.loads(path.read_text()))
-
-
-@dataclass
-class Stop:
-    phase: Phase
-    reason: Reason | None
-    message: str
 
 
 class RunMetrics:
@@ -137,7 +133,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
     record = RunRecord.load(record_file) if record_file.exists() else RunRecord(job.name)
     record.runs += 1
     spec = job.spec
-    token = os.environ.get("KUBERL_SANDBOX_TOKEN") or secrets.token_hex(16)  # set: to reach the sandboxes too
+    token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)  # set: to reach the sandboxes too
     sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir="/tmp"))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     sandboxes, rollouts, _ = local_replicas(job)
@@ -182,7 +178,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
                 record.evaluations["before RL"] = evaluate(urls)
                 out.message(f"held-out solve rate before RL: {record.evaluations['before RL']:.2f}")
             learner = next(s for s in specs if s.tier == "learner")
-            learner.env["KUBERL_JOB_STARTED_AT"] = str(job_started_at)
+            learner.env[env_vars.JOB_STARTED_AT] = str(job_started_at)
             supervisor.start(learner.name)
             out.message(f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
                         f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}")  # fmt: skip
@@ -194,7 +190,7 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
                 out.message(f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
                             f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})")  # fmt: skip
         except RetryBudgetExhausted as err:
-            stop = Stop(Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, str(err))
+            stop = Stop(phase_for(Reason.RETRY_BUDGET_EXHAUSTED), Reason.RETRY_BUDGET_EXHAUSTED, str(err))
         finally:
             if stop is not None:
                 publish(stop.phase, supervisor, stop)
@@ -239,7 +235,6 @@ def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecor
     """Watch the learner until it stops (or a breaker or a signal stops it); `publish(phase, supervisor)`
     is told the job's phase on every poll (Recovering while a crashed process waits to restart)."""
     limits = job.spec.limits
-    wall_clock, no_progress = parse_duration(limits.max_wall_clock), parse_duration(limits.no_progress_timeout)
     total = min(job.spec.training.total_steps, limits.max_steps or job.spec.training.total_steps)
     seen = len(_lines(run_dir))
     last_progress = time.monotonic()
@@ -272,12 +267,9 @@ def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecor
             elapsed = record.elapsed_s + time.monotonic() - started
             if stop_requested:
                 breaker = Stop(Phase.STOPPED, None, f"stopped by {stop_requested[0]} after a final checkpoint")
-            elif elapsed >= wall_clock:
-                breaker = Stop(Phase.STOPPED, Reason.MAX_WALL_CLOCK_REACHED,
-                               f"ran {elapsed:.0f} s, limits.maxWallClock is {limits.max_wall_clock}")  # fmt: skip
-            elif time.monotonic() - last_progress >= no_progress:
-                message = f"no training step for limits.noProgressTimeout ({limits.no_progress_timeout})"
-                breaker = Stop(Phase.FAILED, Reason.NO_PROGRESS, message)
+            else:  # the job's breakers from outside, as the operator checks them (the same function)
+                step = lines[-1]["step"] if lines else 0
+                breaker = outside_breaker(job.spec, step, elapsed, time.monotonic() - last_progress)
             if breaker is not None:
                 out.message(f"stopping: {breaker.message}")
                 supervisor.signal("learner")  # it writes a final checkpoint, then exits 0
@@ -287,6 +279,13 @@ def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecor
                 out.message("the learner did not stop in time; killing it (its last complete checkpoint stands)")
             return breaker
         time.sleep(POLL_S)
+
+
+def outside_breaker(spec: RLJobSpec, step: int, elapsed: float, idle: float) -> Stop | None:
+    """The job's breakers as `kuberl run` checks them from outside: `stop_for`, as the operator does. At its
+    step limits the learner stops itself (and exports the policy), so those need no signal from here."""
+    stop = stop_for(spec, Progress(step, elapsed, seconds_since_step=idle))
+    return stop if stop is not None and stop.reason not in _LEARNER_STEP_LIMITS else None
 
 
 def _lines(run_dir: Path) -> list[dict]:

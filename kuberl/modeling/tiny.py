@@ -23,7 +23,7 @@ CHAT_TEMPLATE = (
 
 def _corpus(tasks: int, seed: int) -> list[str]:
     from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
-    from kuberl_sandbox.suites.swe_toy import generate
+    from kuberl.suites.swe_toy import generate
 
     texts = [SWE_SYSTEM_PROMPT]
     for task in generate(tasks, seed=seed):

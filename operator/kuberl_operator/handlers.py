@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from kuberl.api import env_vars
 from kuberl.api.status import TERMINAL_PHASES, RLJobStatus
 from kuberl.crd import GROUP, PLURAL, VERSION
 from kuberl_operator import observe as observe_pods
@@ -27,14 +28,14 @@ from kuberl_operator.lifecycle import Event
 from kuberl_operator.meta import JOB_LABEL
 
 # Seconds between observations of a job; tests shorten it.
-INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_INTERVAL", "3"))
+INTERVAL_S = float(os.environ.get(env_vars.OPERATOR_INTERVAL, "3"))
 # Deletion retries before the finalizer is released anyway: a job must never be stuck deleting.
 DELETE_RETRIES = 3
 # `kuberl operator --metrics-port` (0: no metrics server)
-METRICS_PORT = int(os.environ.get("KUBERL_OPERATOR_METRICS_PORT", "0"))
+METRICS_PORT = int(os.environ.get(env_vars.OPERATOR_METRICS_PORT, "0"))
 # Spot detection and preemption notices read nodes: off where the operator may not list them (the node
 # index must fill before any handler runs, so a forbidden list would stall the operator).
-WATCH_NODES = os.environ.get("KUBERL_OPERATOR_WATCH_NODES", "1") == "1"
+WATCH_NODES = os.environ.get(env_vars.OPERATOR_WATCH_NODES, "1") == "1"
 RLJOBS = (GROUP, VERSION, PLURAL)
 _kube: Kube | None = None
 # kopf runs a job's timer and its event handlers concurrently; both read the phase and write children, so
@@ -72,7 +73,7 @@ def _now() -> datetime:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # a watch that silently stops delivering events is kopf's known failure mode: bound every request
-    settings.watching.server_timeout = int(os.environ.get("KUBERL_WATCH_SERVER_TIMEOUT", "300"))
+    settings.watching.server_timeout = int(os.environ.get(env_vars.WATCH_SERVER_TIMEOUT, "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     # kopf's bookkeeping in annotations under our prefix, so the status holds only RLJobStatus fields
@@ -82,7 +83,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         metrics.serve(METRICS_PORT)
     settings.posting.level = logging.WARNING  # events come from the state machine, not from kopf's logs
     # the handlers block on HTTP: with the default pool (cores + 4 threads) a burst of new jobs queues
-    settings.execution.max_workers = int(os.environ.get("KUBERL_OPERATOR_WORKERS", "32"))
+    settings.execution.max_workers = int(os.environ.get(env_vars.OPERATOR_WORKERS, "32"))
     kube()
 
 

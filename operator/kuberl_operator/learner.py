@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.env_vars import JOB_NAME as JOB_NAME_ENV
+from kuberl.api.env_vars import NAMESPACE as NAMESPACE_ENV
 from kuberl.api.rljob import RLJob
 from kuberl_operator.meta import LEARNER, child_name, selector_labels
 from kuberl_operator.placement import pod_placement
@@ -21,7 +23,6 @@ from kuberl_operator.pod import (
 from kuberl_operator.rbac import service_account_name
 from kuberl_operator.rollout import rollout_urls
 from kuberl_operator.security import restricted_container_security_context, restricted_pod_security_context
-from kuberl_trainer.cluster_status import JOB_NAME_ENV, NAMESPACE_ENV
 
 RENDEZVOUS_PORT = 29400  # torchrun's c10d default
 METRICS_PORT = 9400  # rank 0's Prometheus metrics (`kuberl learner --metrics-port`)

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from kuberl.api.breakers import Progress, phase_for, stop_for
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import TERMINAL_PHASES, Condition, PerTier, Phase, Reason, RLJobStatus
-from kuberl.api.types import parse_duration
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX
-from kuberl_trainer.breakers import Progress, stop_for
 
 TIERS = (LEARNER, ROLLOUT, SANDBOX)
 # The metered counters change on every observation; writing them that often would turn every job into
@@ -26,8 +25,6 @@ METER_WRITE_S = 30.0
 _COUNTERS = {"running_seconds", "gpu_hours", "gpu_hours_by_tier", "spot_gpu_hours_by_tier"}
 # Phases in which the job's wall clock runs (the breaker counts time since the job started running).
 _CLOCK_PHASES = frozenset({Phase.RUNNING, Phase.RECOVERING})
-# Health breakers the learner reports are failures of the run, not limits it reached (as in stop_for).
-_LEARNER_FAILURES = frozenset({Reason.NON_FINITE_LOSS, Reason.MISMATCH_KL_EXCEEDED, Reason.NO_LEARNING_SIGNAL})
 
 
 class ActionKind(StrEnum):
@@ -63,7 +60,7 @@ class TierState:
 
 @dataclass(frozen=True)
 class LearnerStop:
-    """The learner's own report that it stopped (its breakers, see kuberl_trainer.breakers)."""
+    """The learner's own report that it stopped (its breakers, see kuberl.api.breakers)."""
 
     reason: Reason
     message: str = ""
@@ -153,24 +150,20 @@ def _breaker(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
     """The operator's backstop for the job's limits; the learner normally stops itself first."""
     now, limits = observed.now, spec.limits
     if stop := observed.learner_stop:
-        phase = Phase.SUCCEEDED if stop.reason == Reason.COMPLETED else Phase.STOPPED
-        phase = Phase.FAILED if stop.reason in _LEARNER_FAILURES else phase
-        return _finish(status, now, phase, stop.reason, stop.message or f"the learner stopped: {stop.reason}")
+        message = stop.message or f"the learner stopped: {stop.reason}"
+        return _finish(status, now, phase_for(stop.reason), stop.reason, message)
     if limits.max_gpu_hours is not None and status.gpu_hours >= limits.max_gpu_hours:
         message = f"used {status.gpu_hours:.2f} GPU-hours, limits.maxGpuHours is {limits.max_gpu_hours}"
-        return _finish(status, now, Phase.STOPPED, Reason.GPU_HOUR_BUDGET_EXHAUSTED, message)
+        reason = Reason.GPU_HOUR_BUDGET_EXHAUSTED
+        return _finish(status, now, phase_for(reason), reason, message)
     if status.phase not in _CLOCK_PHASES:
         return None
-    # the learner's own breakers on the step and the wall clock, checked from outside with the same function
-    if stop := stop_for(spec, Progress(status.step, status.running_seconds, 0, 0.0)):
-        return _finish(status, now, stop.phase, stop.reason or Reason.COMPLETED, stop.message)
-    timeout = parse_duration(limits.no_progress_timeout)
+    # the learner's own breakers on the step, the wall clock and progress, checked from outside (the same function)
+    idle = None
     if status.phase == Phase.RUNNING and observed.last_progress is not None:
         idle = (now - observed.last_progress).total_seconds()
-        if idle >= timeout:
-            return _finish(status, now, Phase.STOPPED, Reason.NO_PROGRESS,
-                           f"no training step for {idle:.0f} s, limits.noProgressTimeout is "
-                           f"{limits.no_progress_timeout}")  # fmt: skip
+    if stop := stop_for(spec, Progress(status.step, status.running_seconds, seconds_since_step=idle)):
+        return _finish(status, now, stop.phase, stop.reason or Reason.COMPLETED, stop.message)
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import ResourceRequirements
 from kuberl_operator.meta import CONFIG, child_name, common_labels, object_meta, selector_labels
@@ -19,7 +20,7 @@ RUN_DIR = "/var/lib/kuberl/run"  # learner metrics.jsonl, status.json, checkpoin
 TMP_DIR = "/tmp"
 
 SANDBOX_TOKEN_KEY = "token"
-TOKEN_ENV = "KUBERL_SANDBOX_TOKEN"
+TOKEN_ENV = env_vars.SANDBOX_TOKEN
 
 
 def resources(spec: ResourceRequirements) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def runtime_env() -> list[dict[str, Any]]:
     access: models come from spec.model.uri."""
     values = {
         "HOME": TMP_DIR,
-        "KUBERL_CACHE": CACHE_DIR,
+        env_vars.CACHE: CACHE_DIR,
         "HF_HOME": f"{CACHE_DIR}/huggingface",
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",

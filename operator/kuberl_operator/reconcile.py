@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import SandboxAutoscaler
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
@@ -35,7 +36,7 @@ from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
 # Seconds between two sandbox autoscaling decisions of a job (each scrapes its rollout pods' metrics).
-AUTOSCALE_INTERVAL_S = float(os.environ.get("KUBERL_OPERATOR_AUTOSCALE_INTERVAL", "15"))
+AUTOSCALE_INTERVAL_S = float(os.environ.get(env_vars.OPERATOR_AUTOSCALE_INTERVAL, "15"))
 _LIVE_PHASES = frozenset({Phase.INITIALIZING, Phase.RUNNING, Phase.RECOVERING})
 KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
 PostEvent = Callable[[Event], None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.env_vars import SANDBOX_ADVERTISE_URL as ADVERTISE_ENV
 from kuberl.api.rljob import RLJob
 from kuberl_operator.autoscale import ScalingPolicy
 from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta, selector_labels
@@ -16,7 +17,6 @@ from kuberl_operator.security import (
     sandbox_pod_security_context,
     sandbox_uses_user_namespace,
 )
-from kuberl_sandbox.settings import ADVERTISE_ENV
 
 WORKSPACE_DIR = "/workspace"
 SESSIONS_DIR = f"{WORKSPACE_DIR}/sessions"  # KUBERL_SANDBOX_ROOT of the sandbox image

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kuberl.api import env_vars
+
 # A fixed non-root uid/gid: `runAsNonRoot` alone rejects images whose USER is root (most CUDA and vLLM
 # images), while an explicit uid runs them unprivileged. 65532 is the conventional "nonroot" user.
 NON_ROOT_UID = 65532
@@ -31,8 +33,8 @@ SANDBOX_CAPABILITIES: dict[str, str] = {
 }
 
 # The operator's environment (the chart's operator.sandbox* values) chooses what a cluster supports.
-USER_NAMESPACE_ENV = "KUBERL_OPERATOR_SANDBOX_USER_NAMESPACE"
-APPARMOR_ENV = "KUBERL_OPERATOR_SANDBOX_APPARMOR_PROFILE"
+USER_NAMESPACE_ENV = env_vars.OPERATOR_SANDBOX_USER_NAMESPACE
+APPARMOR_ENV = env_vars.OPERATOR_SANDBOX_APPARMOR_PROFILE
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from kuberl.api import env_vars
 from kuberl.api.environment import RewardFunction, Task
 from kuberl.api.rljob import RLJob
 from kuberl.api.types import parse_duration
@@ -14,6 +15,7 @@ from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
 from kuberl.rewards import check_tasks, resolve_reward
 from kuberl.storage import check_model_folder, local_copy
+from kuberl.suites import load_tasks
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
@@ -21,7 +23,6 @@ from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.weights import BucketAssembler, expected_tensors
 from kuberl_sandbox.client import SandboxClient
-from kuberl_sandbox.suites import load_tasks
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
 
 def settings_from_env(job: RLJob, sandbox_urls: list[str], model_path: str | None) -> RolloutSettings:
-    urls = sandbox_urls or [u for u in os.environ.get("KUBERL_SANDBOX_URLS", "").split(",") if u]
-    token = os.environ.get("KUBERL_SANDBOX_TOKEN", "")
+    urls = sandbox_urls or [u for u in os.environ.get(env_vars.SANDBOX_URLS, "").split(",") if u]
+    token = os.environ.get(env_vars.SANDBOX_TOKEN, "")
     if not urls:
         raise ValueError("no sandbox servers: pass --sandbox-url or set KUBERL_SANDBOX_URLS")
     if not token:

@@ -14,8 +14,8 @@ from conftest import BASE_MANIFEST, REPO
 from helpers.tiny_job import tiny_job_spec
 
 from kuberl.modeling.tiny import build_tiny_model
-from kuberl_sandbox.suites import load_tasks
-from kuberl_sandbox.suites.store import write_jsonl
+from kuberl.suites import load_tasks
+from kuberl.suites.store import write_jsonl
 
 KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
 

@@ -166,7 +166,7 @@ def _ready(url: str) -> bool:
 def drive_the_sandbox(address: str, token: str) -> None:
     """What the random policy never does: a command of every kind, one that times out and a request that
     fails, so that the sandbox's command, timeout and error series exist (they appear with their first event)."""
-    from kuberl_sandbox.suites import load_tasks
+    from kuberl.suites import load_tasks
 
     with httpx.Client(base_url=f"http://{address}", headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
         task = load_tasks("swe-toy", None, "train")[0]

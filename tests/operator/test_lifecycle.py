@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from kuberl.api.breakers import Progress, stop_for
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import CheckpointRef, PerTier, Phase, Reason, RLJobStatus
 from kuberl_operator.lifecycle import (
@@ -18,7 +19,6 @@ from kuberl_operator.lifecycle import (
     next_state,
     should_write,
 )
-from kuberl_trainer.breakers import Progress, stop_for
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)
@@ -97,7 +97,7 @@ TRANSITIONS = [
      Phase.STOPPED, Reason.GPU_HOUR_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
     ("no progress", spec(noProgressTimeout="30m"), status(Phase.RUNNING, step=5),
      Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=31)),
-     Phase.STOPPED, Reason.NO_PROGRESS, [ActionKind.SCALE_TO_ZERO]),
+     Phase.FAILED, Reason.NO_PROGRESS, [ActionKind.SCALE_TO_ZERO]),
     ("progress within timeout", spec(noProgressTimeout="30m"), status(Phase.RUNNING, step=5),
      Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=29)), Phase.RUNNING, None, []),
     ("learner non-finite loss", spec(), status(Phase.RUNNING),

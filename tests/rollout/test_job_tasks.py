@@ -11,9 +11,9 @@ from conftest import with_spec
 from kuberl.api.rljob import RLJob
 from kuberl.cli import main
 from kuberl.rewards import swe_toy_tests_reward
+from kuberl.suites.store import write_jsonl
+from kuberl.suites.swe_toy import generate
 from kuberl_rollout.server import load_job_tasks
-from kuberl_sandbox.suites.store import write_jsonl
-from kuberl_sandbox.suites.swe_toy import generate
 
 TASKS = generate(3)
 

@@ -15,9 +15,9 @@ from conftest import with_spec
 from kuberl.api.environment import RewardContext, StepResult, ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.rewards import resolve_reward
+from kuberl.suites.swe_toy import generate
 from kuberl_rollout.server import resolve_rewards
 from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
-from kuberl_sandbox.suites.swe_toy import generate
 
 TASKS = generate(4, seed=9)
 WEIGHT = 0.5

@@ -8,10 +8,10 @@ from kuberl.api.environment import StepResult, ToolCall
 from kuberl.api.trajectory import Trajectory
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import format_tool_call
+from kuberl.suites.swe_toy import generate
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.engine import Generation
 from kuberl_sandbox.client import SandboxEnvironment
-from kuberl_sandbox.suites.swe_toy import generate
 
 TASK = generate(1, seed=3)[0]
 

@@ -9,8 +9,8 @@ import httpx
 
 from kuberl.api.environment import ToolCall
 from kuberl.rewards import resolve_reward
+from kuberl.suites.swe_toy import generate
 from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
-from kuberl_sandbox.suites.swe_toy import generate
 
 TASKS = generate(12, seed=5)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from kuberl_sandbox.suites.swe_toy import generate
+from kuberl.suites.swe_toy import generate
 
 TASK = generate(1)[0]
 """A task whose honest, unfixed score is 1/4 hidden and 1/2 visible (the issue's example)."""

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 import httpx
 
 from kuberl.api.environment import ToolCall
+from kuberl.suites.swe_toy import generate
 from kuberl_sandbox.client import SandboxClient
 from kuberl_sandbox.local import local_sandbox
-from kuberl_sandbox.suites.swe_toy import generate
 
 TASKS = generate(4, seed=5)
 

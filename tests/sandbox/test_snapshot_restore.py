@@ -9,9 +9,9 @@ import hashlib
 import pytest
 
 from kuberl.api.environment import Snapshot
+from kuberl.suites.swe_toy import generate
 from kuberl_sandbox.client import SandboxClient, SandboxError
 from kuberl_sandbox.snapshots import seal, snapshot_key
-from kuberl_sandbox.suites.swe_toy import generate
 
 TASK = generate(3, seed=11)[2]
 

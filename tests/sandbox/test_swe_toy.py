@@ -18,9 +18,9 @@ import pytest
 from conftest import REPO
 
 from kuberl.api.environment import Task
-from kuberl_sandbox.suites import BUILTIN_SUITES, load_tasks
-from kuberl_sandbox.suites.store import read_jsonl, write_jsonl
-from kuberl_sandbox.suites.swe_toy import BUG_KINDS, MAX_MODULE_LINES, generate
+from kuberl.suites import BUILTIN_SUITES, load_tasks
+from kuberl.suites.store import read_jsonl, write_jsonl
+from kuberl.suites.swe_toy import BUG_KINDS, MAX_MODULE_LINES, generate
 
 TASKS = generate()
 # Every 13th task: 31 tasks that cover every bug kind, run for real in subprocesses.
@@ -55,7 +55,7 @@ def test_ids_and_splits_are_stable_when_the_suite_grows():
 
 def test_the_same_tasks_in_another_process_with_another_hash_seed():
     # str hashing is randomised per process; the generator must not depend on it.
-    code = "from kuberl_sandbox.suites.swe_toy import generate; print(generate(60)[-1].model_dump_json())"
+    code = "from kuberl.suites.swe_toy import generate; print(generate(60)[-1].model_dump_json())"
     env = {"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert Task.model_validate_json(out) == TASKS[59]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from conftest import with_spec
 
+from kuberl.api.breakers import Progress, stop_for
 from kuberl.api.rljob import RLJob
 from kuberl.api.status import Phase, Reason
-from kuberl_trainer.breakers import Progress, stop_for
 
 
 def spec(**changes):

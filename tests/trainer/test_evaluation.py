@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from kuberl.api.trajectory import Trajectory
-from kuberl_sandbox.suites import load_tasks
+from kuberl.suites import load_tasks
 from kuberl_trainer.evaluation import evaluate
 from kuberl_trainer.rollout_client import Collected, SubmittedGroup
 

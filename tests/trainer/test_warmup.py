@@ -16,8 +16,8 @@ from kuberl.api.rljob import RLJob
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call, parse_tool_call
+from kuberl.suites import load_tasks
 from kuberl_sandbox.client import SandboxClient
-from kuberl_sandbox.suites import load_tasks
 from kuberl_trainer.warmup import make_demonstrations, scripted_calls, warm_up
 
 

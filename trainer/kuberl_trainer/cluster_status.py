@@ -16,13 +16,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from kuberl.api import env_vars
 from kuberl.api.status import Condition, RLJobStatus
 
 log = logging.getLogger(__name__)
 
 LEARNER_STOPPED = "LearnerStopped"
 LEARNER_FIELDS = ("step", "policyVersion", "lastCheckpoint", "rewardMean", "tokensPerSecond", "staleness")
-JOB_NAME_ENV, NAMESPACE_ENV = "KUBERL_JOB_NAME", "KUBERL_NAMESPACE"
+JOB_NAME_ENV, NAMESPACE_ENV = env_vars.JOB_NAME, env_vars.NAMESPACE
 MIN_INTERVAL_S = 5.0  # a step every second must not become a status write every second
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from kuberl.api.breakers import Progress, Stop, stop_for
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import TrainingMode
 from kuberl.api.status import Phase
@@ -35,7 +36,6 @@ from kuberl_trainer.batching import (
     uses_value_head,
     with_gae,
 )
-from kuberl_trainer.breakers import Progress, Stop, stop_for
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
 from kuberl_trainer.cluster_status import ClusterStatus

@@ -22,8 +22,8 @@ from kuberl.api.environment import RewardContext, Task, ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+from kuberl.suites import load_tasks
 from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
-from kuberl_sandbox.suites import load_tasks
 from kuberl_trainer.demonstrations import Demonstration, record_demonstration
 from kuberl_trainer.sft import supervised_fit
 

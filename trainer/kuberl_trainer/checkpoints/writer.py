@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from kuberl.api import env_vars
 from kuberl_trainer.checkpoints.store import CheckpointStore, Manifest
 
 TRAINING_STATE = "training_state.json"
@@ -164,4 +165,4 @@ class Checkpointer:
 
 def staging_folder(job: str) -> Path:
     """Local staging for checkpoint shards (shared by the ranks of one machine, see Checkpointer)."""
-    return Path(os.environ.get("KUBERL_STAGING", f"/tmp/kuberl-staging-{job}"))
+    return Path(os.environ.get(env_vars.STAGING, f"/tmp/kuberl-staging-{job}"))

@@ -9,8 +9,8 @@ from urllib.parse import unquote, urlparse
 
 from kuberl.api.environment import Task
 from kuberl.api.spec import TaskSplit
-from kuberl_sandbox.suites import swe_toy
-from kuberl_sandbox.suites.store import read_jsonl
+from kuberl.suites import swe_toy
+from kuberl.suites.store import read_jsonl
 
 BUILTIN_SUITES: dict[str, Callable[..., list[Task]]] = {
     swe_toy.SUITE: swe_toy.generate,

@@ -1,0 +1,47 @@
+"""The environment variables one part of KubeRL sets and another reads: each name written once, here.
+
+The operator (pod templates), `kuberl run` (its supervisor) and the tests set them; the tiers read them. A
+name that both sides spell by hand drifts; import it from here instead.
+"""
+
+from __future__ import annotations
+
+# --- the sandbox tier (read by `kuberl sandbox`; set by the operator's sandbox pods and `kuberl run`)
+SANDBOX_TOKEN = "KUBERL_SANDBOX_TOKEN"
+"""Shared secret of the sandbox API (`Authorization: Bearer`); also the rollout tier's, to call it."""
+SANDBOX_ADVERTISE_URL = "KUBERL_SANDBOX_ADVERTISE_URL"
+"""The server's own address, returned with each session it opens (in Kubernetes its pod IP)."""
+SANDBOX_ROOT = "KUBERL_SANDBOX_ROOT"
+"""Folder holding one folder per session."""
+SANDBOX_PYTHON = "KUBERL_SANDBOX_PYTHON"
+"""Interpreter sessions get as `python`."""
+SANDBOX_ALLOW_SHARED_USER = "KUBERL_SANDBOX_ALLOW_SHARED_USER"
+"""`1`: start unisolated when sessions cannot get users of their own (development only)."""
+
+# --- the rollout tier
+SANDBOX_URLS = "KUBERL_SANDBOX_URLS"
+"""Comma-separated sandbox server addresses the rollout server opens sessions on."""
+
+# --- the learner (set by the operator's learner pods and by `kuberl run`)
+JOB_NAME = "KUBERL_JOB_NAME"
+"""The RLJob the learner reports its status into."""
+NAMESPACE = "KUBERL_NAMESPACE"
+"""Its namespace (the downward API in a pod)."""
+JOB_STARTED_AT = "KUBERL_JOB_STARTED_AT"
+"""Unix time the job started (the wall-clock breaker counts from it)."""
+STAGING = "KUBERL_STAGING"
+"""Local folder where checkpoints are written before upload."""
+
+# --- every tier
+CACHE = "KUBERL_CACHE"
+"""Where models and task files fetched from S3 are cached."""
+
+# --- the operator (set by the Helm chart, read by `kuberl operator`)
+OPERATOR_INTERVAL = "KUBERL_OPERATOR_INTERVAL"
+OPERATOR_AUTOSCALE_INTERVAL = "KUBERL_OPERATOR_AUTOSCALE_INTERVAL"
+OPERATOR_METRICS_PORT = "KUBERL_OPERATOR_METRICS_PORT"
+OPERATOR_WATCH_NODES = "KUBERL_OPERATOR_WATCH_NODES"
+OPERATOR_WORKERS = "KUBERL_OPERATOR_WORKERS"
+OPERATOR_SANDBOX_USER_NAMESPACE = "KUBERL_OPERATOR_SANDBOX_USER_NAMESPACE"
+OPERATOR_SANDBOX_APPARMOR_PROFILE = "KUBERL_OPERATOR_SANDBOX_APPARMOR_PROFILE"
+WATCH_SERVER_TIMEOUT = "KUBERL_WATCH_SERVER_TIMEOUT"
