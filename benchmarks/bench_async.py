@@ -64,6 +64,7 @@ def run() -> dict[str, object]:
     from kuberl.local.progress import ProgressPrinter
     from kuberl.local.runner import run_job
     from kuberl.modeling.tiny import build_tiny_model
+    from kuberl_rollout.sandbox_client import SandboxEnvironments
     from kuberl_sandbox.local import local_sandbox
     from kuberl_trainer.warmup import warm_up
 
@@ -76,7 +77,7 @@ def run() -> dict[str, object]:
         warm["spec"]["training"]["warmup"] = {"demonstrations": 256}
         warm_job = RLJob.from_manifest(warm)
         with local_sandbox() as sandbox:
-            warm_up(warm_job, str(base), str(work / "warm"), sandbox.url, sandbox.token)
+            warm_up(warm_job, str(base), str(work / "warm"), lambda: SandboxEnvironments(sandbox.url, sandbox.token))
         for mode in ("sync", "async"):
             doc = manifest(f"bench-{mode}", work / "warm", tasks, mode)
             path = work / f"{mode}.yaml"

@@ -93,8 +93,8 @@ def emulator_floor_s(objects_per_job: list[dict], jobs: int) -> float:
 
 
 def floor_client(spec_path: str) -> None:
+    from kuberl.kube import collection_path
     from kuberl_operator.emulator import Api
-    from kuberl_operator.kube import collection_path
 
     spec = json.loads(Path(spec_path).read_text())
     api = Api(spec["url"])

@@ -73,7 +73,7 @@ async def _demo_policy(folder: Path) -> Path:
     from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
     from kuberl.rewards import resolve_reward
     from kuberl.suites.swe_toy import generate
-    from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+    from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
     from kuberl_sandbox.local import local_sandbox
     from kuberl_trainer.demonstrations import record_demonstration
     from kuberl_trainer.sft import supervised_fit

@@ -222,10 +222,11 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
         raise click.UsageError(str(err)) from None
     warm_up = None
     if job.spec.training.warmup.demonstrations:
+        from kuberl_rollout.sandbox_client import SandboxEnvironments
         from kuberl_trainer.warmup import warm_up as warm_up_job
 
         def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
-            warm_up_job(job, model_path, out, sandbox_url, token)
+            warm_up_job(job, model_path, out, lambda: SandboxEnvironments(sandbox_url, token))
             return out
 
     solve_rate = None
@@ -268,6 +269,7 @@ def _credit_probes(run_dir, held_out) -> None:
     import json
 
     from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+    from kuberl_rollout.sandbox_client import SandboxEnvironments
     from kuberl_sandbox.local import local_sandbox
     from kuberl_trainer.action_probes import credit_report
 
@@ -277,7 +279,8 @@ def _credit_probes(run_dir, held_out) -> None:
         return  # only swe-toy-like tasks have a known correct edit; only a warmed-up run has a "before"
     click.echo(f"credit assignment: log P of the correct edit and of the first check on {len(tasks)} held-out tasks")
     with local_sandbox() as sandbox:
-        report = credit_report(str(before), str(after), tasks, sandbox.url, sandbox.token, SWE_SYSTEM_PROMPT)
+        environments = lambda: SandboxEnvironments(sandbox.url, sandbox.token)  # noqa: E731
+        report = credit_report(str(before), str(after), tasks, environments, SWE_SYSTEM_PROMPT)
     for action, numbers in report.items():
         click.echo(f"  {action:>16}: {numbers['before']:8.3f} -> {numbers['after']:8.3f} ({numbers['change']:+.3f})")
     (run_dir / "credit.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -12,73 +12,26 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 
 from kuberl.api.environment import Snapshot, StepResult, Task, ToolCall
+from kuberl.api.sandbox_http import (
+    CreateSession,
+    ExecRequest,
+    ExecResponse,
+    PatchRequest,
+    ReplaceRequest,
+    RestoreSession,
+    SessionInfo,
+    TestsRequest,
+    WriteRequest,
+)
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.sessions import SessionError, SessionManager
 from kuberl_sandbox.settings import SandboxSettings
 from kuberl_sandbox.tools import apply_tool
 
-MAX_COMMAND_CHARS = 100_000
 log = logging.getLogger("kuberl.sandbox")
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class CreateSession(Body):
-    task: Task
-    timeout: float | None = Field(None, description="Default per-command timeout of this session, seconds.")
-
-
-class RestoreSession(Body):
-    task: Task
-    snapshot: Snapshot
-
-
-class SessionInfo(Body):
-    session_id: str
-    task_id: str
-    observation: str
-    isolated: bool
-    checksum: str | None = None
-    endpoint: str | None = None  # where to send this session's later calls (None: where this one went)
-
-
-class ExecRequest(Body):
-    command: str = Field(min_length=1, max_length=MAX_COMMAND_CHARS)
-    timeout: float | None = None
-
-
-class ExecResponse(Body):
-    exit_code: int | None
-    output: str
-    truncated: bool
-    timed_out: bool
-    duration_s: float
-
-
-class WriteRequest(Body):
-    path: str
-    content: str
-
-
-class ReplaceRequest(Body):
-    path: str
-    old: str = Field(min_length=1)
-    new: str
-
-
-class PatchRequest(Body):
-    patch: str = Field(min_length=1, description="A unified diff with paths relative to the workspace (-p1 style).")
-
-
-class TestsRequest(Body):
-    hidden: bool = False
 
 
 def initial_observation(task: Task) -> str:

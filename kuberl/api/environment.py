@@ -193,6 +193,25 @@ class Environment(Protocol):
         """Rebuild the state of `snapshot`; raises if the checksum does not match."""
         ...
 
+    async def close(self) -> None:
+        """End the episode and release what it holds."""
+        ...
+
+
+@runtime_checkable
+class Environments(Protocol):
+    """Opens an environment per episode and releases what they share (the rollout tier's sandbox client,
+    say). The trainer's warm-up and credit probes are handed one by a composition root (`kuberl/cli.py`,
+    `kuberl/local/`), so they play episodes without importing the tier that serves them."""
+
+    def open(self) -> Environment:
+        """A new environment for one episode."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the environments share; none is used afterwards."""
+        ...
+
 
 class RewardContext(ApiModel):
     """What a reward function sees: the task, every action so far and what each returned."""

@@ -47,6 +47,13 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
 
 
+LEARNER_STOPPED = "LearnerStopped"
+"""The condition the learner sets when it stopped itself (a breaker, or training done); its reason is a `Reason`.
+The operator reads it and ends the job with `kuberl.api.breakers.phase_for(reason)`."""
+LEARNER_FIELDS = ("step", "policyVersion", "lastCheckpoint", "rewardMean", "tokensPerSecond", "staleness")
+"""The status fields the learner owns (and writes); the operator owns the phase and the other conditions."""
+
+
 class Condition(ApiModel):
     """A Kubernetes-style condition (Ready, Progressing, Suspended, ...)."""
 

@@ -12,9 +12,9 @@ from kubernetes.client.rest import ApiException
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec
+from kuberl.kube import Kube, object_path
 from kuberl_operator.desired import desired_objects
 from kuberl_operator.job_config import build_config_map
-from kuberl_operator.kube import Kube, object_path
 from kuberl_operator.meta import owner_reference
 from kuberl_operator.pod import JOB_FILE_KEY
 from kuberl_operator.secret import build_sandbox_token_secret

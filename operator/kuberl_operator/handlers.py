@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from kuberl.api import env_vars
 from kuberl.api.status import TERMINAL_PHASES, RLJobStatus
 from kuberl.crd import GROUP, PLURAL, VERSION
+from kuberl.kube import Kube
 from kuberl_operator import observe as observe_pods
 from kuberl_operator import operator_metrics as metrics
 from kuberl_operator import reconcile
-from kuberl_operator.kube import Kube
 from kuberl_operator.lifecycle import Event
 from kuberl_operator.meta import JOB_LABEL
 

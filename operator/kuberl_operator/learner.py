@@ -108,7 +108,7 @@ def final_checkpoint_hook() -> dict[str, Any]:
     """preStop: SIGTERM the learner process (torchrun's worker) and wait until it has written its final
     checkpoint and exited. Signalling torchrun instead would not do: it SIGKILLs its workers 30 s after
     forwarding a SIGTERM, which can cut a large checkpoint short."""
-    return {"exec": {"command": ["python", "-m", "kuberl_operator.final_checkpoint"]}}
+    return {"exec": {"command": ["python", "-m", "kuberl_trainer.final_checkpoint"]}}
 
 
 def build_learner_statefulset(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api.rljob import RLJob
-from kuberl.api.status import Reason
+from kuberl.api.status import LEARNER_STOPPED, Reason
 from kuberl_operator.desired import GPU
 from kuberl_operator.lifecycle import TIERS, LearnerStop, TierState
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, TIER_LABEL
 from kuberl_operator.placement import PREEMPTION_NOTICE_TAINTS, SPOT_NODE_LABELS
-from kuberl_trainer.cluster_status import LEARNER_STOPPED
 
 # The learner reports that it stopped itself (a breaker, or training done) with the LEARNER_STOPPED condition
 # on the RLJob status, reason = a kuberl.api.status.Reason; the fields it owns (step, policyVersion,

@@ -16,11 +16,11 @@ from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import SandboxAutoscaler
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
+from kuberl.kube import Kube, collection_path, rljob_path
 from kuberl_operator import queueing
 from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
 from kuberl_operator.autoscale import ScalerState, recommend
 from kuberl_operator.demand import StartLatency, scrape_demand
-from kuberl_operator.kube import Kube, collection_path, rljob_path
 from kuberl_operator.lifecycle import (
     Action,
     ActionKind,

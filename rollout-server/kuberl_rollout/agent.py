@@ -18,7 +18,7 @@ from kuberl.api.trajectory import NOT_GENERATED, FinishReason, Trajectory, Turn
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import ParseError, parse_tool_call
 from kuberl_rollout.engine import RolloutEngine
-from kuberl_sandbox.client import SandboxEnvironment, SandboxError
+from kuberl_rollout.sandbox_client import SandboxEnvironment, SandboxError
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
 from kuberl_rollout.metrics import RolloutMetrics
+from kuberl_rollout.sandbox_client import SandboxClient
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.weights import BucketAssembler, expected_tensors
-from kuberl_sandbox.client import SandboxClient
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from kuberl.errors import ServiceError
 from kuberl.rewards import task_problem
 from kuberl_rollout.agent import Agent
 from kuberl_rollout.metrics import RolloutMetrics
-from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 
 
 class WorkError(ServiceError):

@@ -20,9 +20,9 @@ import yaml
 from conftest import EXAMPLES, REPO
 
 from kuberl.crd import GROUP, PLURAL
+from kuberl.kube import collection_path
 from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects
-from kuberl_operator.kube import collection_path
 from kuberl_operator.meta import JOB_LABEL, MANAGED_BY, TIER_LABEL
 from kuberl_operator.rbac import role_rules
 from kuberl_operator.sandbox import build_sandbox_deployment

@@ -20,7 +20,6 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import SandboxAutoscaler
 from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects, target_namespace
-from kuberl_operator.final_checkpoint import children_of
 from kuberl_operator.job_config import resolved_job_manifest
 from kuberl_operator.learner import torchrun_argv
 from kuberl_operator.meta import owner_reference
@@ -33,6 +32,7 @@ from kuberl_operator.security import (
     SandboxPodSecurity,
     apparmor_profile,
 )
+from kuberl_trainer.final_checkpoint import children_of
 
 UID = "6f1c2a5e-0d4b-4c1e-9a53-1f2d3c4b5a69"
 OLDEST, NEWEST = "1.30", kubernetes_validate.utils.latest_version()
@@ -334,7 +334,7 @@ def test_the_learner_is_one_pod_per_rank_with_c10d_rendezvous_on_pod_zero(exampl
     rollout_urls = [argv[i + 1] for i, a in enumerate(argv) if a == "--rollout-url"]
     assert rollout_urls == [f"http://{example.name}-rollout-{i}.{example.name}-rollout.team.svc:8800"
                             for i in range(example.spec.rollout.replicas)]  # fmt: skip
-    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "kuberl_operator.final_checkpoint"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "kuberl_trainer.final_checkpoint"]
     assert pod_spec(statefulset)["terminationGracePeriodSeconds"] >= 300
     assert one(objects, "PodDisruptionBudget", "learner")["spec"]["minAvailable"] == ranks
     assert one(objects, "PodDisruptionBudget", "rollout")["spec"]["maxUnavailable"] == 1

@@ -140,8 +140,8 @@ def test_a_queued_job_without_kueue_fails_its_apply_with_what_to_do():
     """The API server refuses the Workload (no Kueue CRD: 404; no RBAC: 403): the error names the field."""
     from kubernetes.client.rest import ApiException
 
+    from kuberl.kube import Kube
     from kuberl_operator.apply import apply_children
-    from kuberl_operator.kube import Kube
 
     class NoKueue(Kube):
         def __init__(self) -> None:

@@ -429,7 +429,7 @@ def test_the_learners_own_report_drives_the_job(cluster):
     from kubernetes import config as kube_config
 
     from kuberl.api.status import Phase, Reason, RLJobStatus
-    from kuberl_operator.kube import Kube
+    from kuberl.kube import Kube
     from kuberl_trainer.cluster_status import ClusterStatus
 
     api, operator = cluster

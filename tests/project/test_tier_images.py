@@ -76,7 +76,7 @@ class Hide(importlib.abc.MetaPathFinder):
             return None
         return self.finder.find_spec(name, path, target) if hasattr(self.finder, "find_spec") else None
 sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
-import kuberl.cli, kuberl_operator.handlers, kuberl_operator.final_checkpoint
+import kuberl.cli, kuberl_operator.handlers
 from click.testing import CliRunner
 result = CliRunner().invoke(kuberl.cli.main, ["operator", "--help"])
 assert result.exit_code == 0, result.output

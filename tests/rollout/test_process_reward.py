@@ -16,8 +16,8 @@ from kuberl.api.environment import RewardContext, StepResult, ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_rollout.server import resolve_rewards
-from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
 
 TASKS = generate(4, seed=9)
 WEIGHT = 0.5

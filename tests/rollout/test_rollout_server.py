@@ -24,7 +24,7 @@ from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
-from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
 from kuberl_trainer.demonstrations import record_demonstration
 from kuberl_trainer.sft import supervised_fit

@@ -11,7 +11,7 @@ from kuberl.modeling.tool_calls import format_tool_call
 from kuberl.suites.swe_toy import generate
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.engine import Generation
-from kuberl_sandbox.client import SandboxEnvironment
+from kuberl_rollout.sandbox_client import SandboxEnvironment
 
 TASK = generate(1, seed=3)[0]
 

@@ -10,7 +10,7 @@ import httpx
 from kuberl.api.environment import ToolCall
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
-from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 
 TASKS = generate(12, seed=5)
 

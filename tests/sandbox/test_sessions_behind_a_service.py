@@ -15,7 +15,7 @@ import httpx
 
 from kuberl.api.environment import ToolCall
 from kuberl.suites.swe_toy import generate
-from kuberl_sandbox.client import SandboxClient
+from kuberl_rollout.sandbox_client import SandboxClient
 from kuberl_sandbox.local import local_sandbox
 
 TASKS = generate(4, seed=5)

@@ -10,7 +10,7 @@ import pytest
 
 from kuberl.api.environment import Snapshot
 from kuberl.suites.swe_toy import generate
-from kuberl_sandbox.client import SandboxClient, SandboxError
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxError
 from kuberl_sandbox.snapshots import seal, snapshot_key
 
 TASK = generate(3, seed=11)[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from kuberl.api.status import CheckpointRef, Phase, Reason, RLJobStatus
-from kuberl_trainer.cluster_status import LEARNER_STOPPED, ClusterStatus, learner_fields, with_stop_condition
+from kuberl.api.status import LEARNER_STOPPED, CheckpointRef, Phase, Reason, RLJobStatus
+from kuberl_trainer.cluster_status import ClusterStatus, learner_fields, with_stop_condition
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

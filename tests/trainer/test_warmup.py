@@ -17,8 +17,13 @@ from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call, parse_tool_call
 from kuberl.suites import load_tasks
-from kuberl_sandbox.client import SandboxClient
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironments
 from kuberl_trainer.warmup import make_demonstrations, scripted_calls, warm_up
+
+
+def sandboxes(sandbox):
+    """What the composition root hands the warm-up: environments on the test's sandbox server."""
+    return lambda: SandboxEnvironments(sandbox.url, sandbox.token)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ def test_the_script_draws_different_wrong_edits(train_tasks):
 def test_expert_demonstrations_make_the_fix_at_the_fraction_asked(sandbox, tiny, train_tasks):
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = train_tasks[:5]
-    demos = asyncio.run(make_demonstrations(tasks, 10, sandbox.url, sandbox.token, ChatFormat(tokenizer), seed=1,
+    demos = asyncio.run(make_demonstrations(tasks, 10, sandboxes(sandbox), ChatFormat(tokenizer), seed=1,
                                             expert_fraction=0.3))  # fmt: skip
     fixes = 0
     for demo in demos:
@@ -83,13 +88,21 @@ def test_expert_demonstrations_make_the_fix_at_the_fraction_asked(sandbox, tiny,
         fixes += edit["new"] == task.metadata["fix"]
     assert fixes == 3  # round(10 * 0.3), spread over the plan
     with pytest.raises(ValueError, match="expertFraction"):
-        asyncio.run(make_demonstrations(tasks, 2, sandbox.url, sandbox.token, ChatFormat(tokenizer), expert_fraction=2))
+        asyncio.run(
+            make_demonstrations(
+                tasks,
+                2,
+                sandboxes(sandbox),
+                ChatFormat(tokenizer),
+                expert_fraction=2,
+            )
+        )
 
 
 def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbox, tiny, train_tasks):
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = train_tasks[:6]
-    demos = asyncio.run(make_demonstrations(tasks, 6, sandbox.url, sandbox.token, ChatFormat(tokenizer), seed=1))
+    demos = asyncio.run(make_demonstrations(tasks, 6, sandboxes(sandbox), ChatFormat(tokenizer), seed=1))
     for demo in demos:
         assert demo.final_done and len(demo.loss_mask) == len(demo.token_ids)
         full = tokenizer.decode(demo.token_ids)
@@ -113,7 +126,7 @@ def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
     job = RLJob.model_validate(with_spec(
         training={"seed": 2, "warmup": {"demonstrations": 8, "steps": 80, "learningRate": 5e-3, "batchSize": 4}},
     ))  # fmt: skip
-    stats = warm_up(job, tiny, tmp_path / "warm", sandbox.url, sandbox.token)
+    stats = warm_up(job, tiny, tmp_path / "warm", sandboxes(sandbox))
     assert stats["demonstrations"] == 8 and stats["steps"] == 80
     assert stats["final_loss"] < stats["first_loss"] / 3
 

@@ -10,10 +10,10 @@ scores the action's tokens under a model by teacher forcing. Probes only measure
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kuberl.api.environment import Environment, Task, ToolCall
+from kuberl.api.environment import Environment, Environments, Task, ToolCall
 from kuberl.modeling.chat import ChatFormat
 from kuberl_trainer.demonstrations import record_demonstration
 from kuberl_trainer.warmup import scripted_calls
@@ -77,32 +77,31 @@ def mean_logprobs(model, probes: Sequence[ActionProbe]) -> dict[str, float]:
     return {action: sum(values) / len(values) for action, values in out.items()}
 
 
-def credit_report(before: str, after: str, tasks: Sequence[Task], sandbox_url: str, sandbox_token: str,
+def credit_report(before: str, after: str, tasks: Sequence[Task], environments: Callable[[], Environments],
                   system_prompt: str) -> dict[str, dict[str, float]]:  # fmt: skip
-    """The seed's credit-assignment test on two policy folders (before and after RL) over `tasks`: the mean
-    log-probability of the correct edit and of the first check, under each, and the change. RL that
-    credits the right action raises the edit's clearly and the check's much less."""
+    """The seed's credit-assignment test on two policy folders (before and after RL) over `tasks`, played in
+    environments from `environments()`: the mean log-probability of the correct edit and of the first check,
+    under each, and the change. RL that credits the right action raises the edit's clearly and the check's
+    much less."""
     import asyncio
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
-
     chat = ChatFormat(AutoTokenizer.from_pretrained(before))
 
     async def play() -> list[ActionProbe]:
-        client = SandboxClient(sandbox_url, sandbox_token)
+        opened = environments()
         probes: list[ActionProbe] = []
         try:
             for task in tasks:
-                env = SandboxEnvironment(client, lambda context: None)
+                env = opened.open()
                 try:
                     probes += await swe_toy_probes(env, chat, system_prompt, task)
                 finally:
                     await env.close()
         finally:
-            await client.aclose()
+            await opened.aclose()
         return probes
 
     probes = asyncio.run(play())

@@ -17,12 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberl.api import env_vars
-from kuberl.api.status import Condition, RLJobStatus
+from kuberl.api.status import LEARNER_FIELDS, LEARNER_STOPPED, Condition, RLJobStatus
 
 log = logging.getLogger(__name__)
 
-LEARNER_STOPPED = "LearnerStopped"
-LEARNER_FIELDS = ("step", "policyVersion", "lastCheckpoint", "rewardMean", "tokensPerSecond", "staleness")
 JOB_NAME_ENV, NAMESPACE_ENV = env_vars.JOB_NAME, env_vars.NAMESPACE
 MIN_INTERVAL_S = 5.0  # a step every second must not become a status write every second
 
@@ -59,7 +57,7 @@ class ClusterStatus:
         name, namespace = os.environ.get(JOB_NAME_ENV), os.environ.get(NAMESPACE_ENV)
         if not name or not namespace:
             return None
-        from kuberl_operator.kube import Kube
+        from kuberl.kube import Kube
 
         return cls(Kube.from_environment(), namespace, name)
 

@@ -15,15 +15,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kuberl.api.environment import RewardContext, Task, ToolCall
+from kuberl.api.environment import Environments, Task, ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
 from kuberl.suites import load_tasks
-from kuberl_sandbox.client import SandboxClient, SandboxEnvironment
 from kuberl_trainer.demonstrations import Demonstration, record_demonstration
 from kuberl_trainer.sft import supervised_fit
 
@@ -53,23 +52,18 @@ def scripted_calls(task: Task, rng: random.Random, expert: bool = False) -> list
     ]
 
 
-def _no_reward(context: RewardContext) -> None:
-    """Demonstrations are not scored: only their tokens are used."""
-    return None
-
-
 async def make_demonstrations(
     tasks: Sequence[Task],
     count: int,
-    sandbox_url: str,
-    sandbox_token: str,
+    environments: Callable[[], Environments],
     chat: ChatFormat,
     seed: int = 0,
     concurrency: int = 8,
     system_prompt: str = SWE_SYSTEM_PROMPT,
     expert_fraction: float = 0.0,
 ) -> list[Demonstration]:
-    """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in the sandbox; returns them in order.
+    """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in environments opened by
+    `environments()` (called here, in the event loop; demonstrations need no reward); returns them in order.
     round(count * expert_fraction) of them, spread evenly over the plan, make the correct edit."""
     if not tasks:
         raise ValueError("no tasks to demonstrate: check spec.environment.tasks")
@@ -84,14 +78,14 @@ async def make_demonstrations(
         # evenly spread (Bresenham): every stretch of the plan holds the same share of expert episodes
         expert = int((i + 1) * expert_fraction) > int(i * expert_fraction)
         plan.append((task, scripted_calls(task, rng, expert)))
-    client = SandboxClient(sandbox_url, sandbox_token)
+    opened = environments()
     slots = asyncio.Semaphore(concurrency)
     finished = 0
 
     async def play(task: Task, calls: list[ToolCall]) -> Demonstration:
         nonlocal finished
         async with slots:
-            env = SandboxEnvironment(client, _no_reward)
+            env = opened.open()
             try:
                 demo = await record_demonstration(env, chat, system_prompt, task, calls)
             finally:
@@ -104,10 +98,10 @@ async def make_demonstrations(
     try:
         return list(await asyncio.gather(*(play(task, calls) for task, calls in plan)))
     finally:
-        await client.aclose()
+        await opened.aclose()
 
 
-def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, sandbox_url: str, sandbox_token: str) -> dict:
+def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environments: Callable[[], Environments]) -> dict:
     """Generate demonstrations on the training split, fine-tune `model_path` on them and save to `out_path`.
 
     Returns {demonstrations, tokens, max_tokens, steps, final_loss, demo_seconds, fit_seconds, seconds}."""
@@ -121,7 +115,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, sandbox_ur
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
     print(f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
           f"({warmup.expert_fraction:.0%} with the correct edit)", flush=True)  # fmt: skip
-    demos = asyncio.run(make_demonstrations(tasks, warmup.demonstrations, sandbox_url, sandbox_token, chat,
+    demos = asyncio.run(make_demonstrations(tasks, warmup.demonstrations, environments, chat,
                                             seed=job.spec.training.seed,
                                             expert_fraction=warmup.expert_fraction))  # fmt: skip
     unfinished = sum(not d.final_done for d in demos)

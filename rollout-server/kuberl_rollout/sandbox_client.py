@@ -1,7 +1,9 @@
 """Talk to sandbox servers: a thin HTTP client, and the `Environment` the rollout tier drives.
 
 `SandboxEnvironment` implements the environment protocol over a sandbox session and scores every step
-with the job's reward function, so user reward code runs in the caller's process.
+with the job's reward function, so user reward code runs in the caller's process (the rollout tier's: the
+reward is computed here, not in the sandbox). `SandboxEnvironments` opens them for other parts (the
+trainer's warm-up and credit probes), which get it from a composition root and never import this tier.
 """
 
 from __future__ import annotations
@@ -13,6 +15,22 @@ from typing import Any
 import httpx
 
 from kuberl.api.environment import RewardContext, RewardFunction, Snapshot, StepResult, Task, ToolCall
+from kuberl.api.sandbox_http import (
+    Body,
+    CreateSession,
+    ExecRequest,
+    ExecResponse,
+    PatchRequest,
+    ReplaceRequest,
+    RestoreSession,
+    SessionInfo,
+    TestsRequest,
+    WriteRequest,
+)
+
+
+def _wire(body: Body) -> dict[str, Any]:
+    return body.model_dump(mode="json", by_alias=True)
 
 
 class SandboxError(RuntimeError):
@@ -55,41 +73,47 @@ class SandboxClient:
         return response.json() if response.content else None
 
     async def create_session(self, task: Task, timeout: float | None = None) -> dict[str, Any]:
-        return self._opened(await self._call("POST", "/v1/sessions", {"task": task.to_manifest(), "timeout": timeout}))
+        body = CreateSession(task=task, timeout=timeout)
+        return self._opened(await self._call("POST", "/v1/sessions", _wire(body)))
 
     async def restore_session(self, task: Task, snapshot: Snapshot) -> dict[str, Any]:
-        body = {"task": task.to_manifest(), "snapshot": snapshot.to_manifest()}
-        return self._opened(await self._call("POST", "/v1/sessions/restore", body))
+        body = RestoreSession(task=task, snapshot=snapshot)
+        return self._opened(await self._call("POST", "/v1/sessions/restore", _wire(body)))
 
-    def _opened(self, created: dict[str, Any]) -> dict[str, Any]:
-        if created.get("endpoint"):
-            self._endpoints[created["sessionId"]] = created["endpoint"].rstrip("/")
-        return created
+    def _opened(self, answer: dict[str, Any]) -> dict[str, Any]:
+        info = SessionInfo.model_validate(answer)  # the server's answer, read with the server's own model
+        if info.endpoint:
+            self._endpoints[info.session_id] = info.endpoint.rstrip("/")
+        return answer
 
     async def describe(self, session_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/sessions/{session_id}")
 
     async def execute(self, session_id: str, command: str, timeout: float | None = None) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/exec", {"command": command, "timeout": timeout})
+        body = ExecRequest(command=command, timeout=timeout)
+        answer = await self._call("POST", f"/v1/sessions/{session_id}/exec", _wire(body))
+        ExecResponse.model_validate(answer)
+        return answer
 
     async def read_file(self, session_id: str, path: str) -> str:
         return (await self._call("GET", f"/v1/sessions/{session_id}/files", path=path))["content"]
 
     async def write_file(self, session_id: str, path: str, content: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/files", {"path": path, "content": content})
+        body = WriteRequest(path=path, content=content)
+        return await self._call("POST", f"/v1/sessions/{session_id}/files", _wire(body))
 
     async def replace(self, session_id: str, path: str, old: str, new: str) -> dict[str, Any]:
-        body = {"path": path, "old": old, "new": new}
-        return await self._call("POST", f"/v1/sessions/{session_id}/files/replace", body)
+        body = ReplaceRequest(path=path, old=old, new=new)
+        return await self._call("POST", f"/v1/sessions/{session_id}/files/replace", _wire(body))
 
     async def patch(self, session_id: str, diff: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/files/patch", {"patch": diff})
+        return await self._call("POST", f"/v1/sessions/{session_id}/files/patch", _wire(PatchRequest(patch=diff)))
 
     async def list_dir(self, session_id: str, path: str = ".") -> list[dict[str, Any]]:
         return (await self._call("GET", f"/v1/sessions/{session_id}/list", path=path))["entries"]
 
     async def run_tests(self, session_id: str, hidden: bool = False) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/sessions/{session_id}/tests", {"hidden": hidden})
+        return await self._call("POST", f"/v1/sessions/{session_id}/tests", _wire(TestsRequest(hidden=hidden)))
 
     async def step(self, session_id: str, call: ToolCall) -> StepResult:
         return StepResult.model_validate(
@@ -209,3 +233,22 @@ class SandboxEnvironment:
     def _context(self, final: bool) -> RewardContext:
         assert self.task is not None
         return RewardContext(task=self.task, actions=self.actions, results=self.results, final=final)
+
+
+def _no_reward(context: RewardContext) -> None:
+    return None
+
+
+class SandboxEnvironments:
+    """The `Environments` of one sandbox address: an environment per episode over one shared client,
+    scored by `reward_fn` (by default none: demonstrations and probes need only the tokens)."""
+
+    def __init__(self, base_url: str, token: str, reward_fn: RewardFunction = _no_reward) -> None:
+        self.client = SandboxClient(base_url, token)
+        self.reward_fn = reward_fn
+
+    def open(self) -> SandboxEnvironment:
+        return SandboxEnvironment(self.client, self.reward_fn)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,6 +1,6 @@
 """The learner pod's preStop hook: ask the learner for its final checkpoint and wait until it is written.
 
-Runs inside the learner container (`python -m kuberl_operator.final_checkpoint`). torchrun is PID 1 and
+Runs inside the learner container (`python -m kuberl_trainer.final_checkpoint`). torchrun is PID 1 and
 its workers (the `kuberl learner` processes) are its children. The workers get SIGTERM directly, which
 the learner turns into a clean stop with a final checkpoint; the hook then waits for them to exit. The
 kubelet bounds the wait with the pod's terminationGracePeriodSeconds.
