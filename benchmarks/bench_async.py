@@ -28,18 +28,36 @@ def slow_tasks(path: Path) -> Path:
 
 
 def manifest(name: str, model: Path, tasks: Path, mode: str) -> dict:
-    return {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
-            "spec": {"model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
-                     "algorithm": {"groupSize": 4, "creditAssignment": {"mode": "turn", "gamma": 0.9},
-                                   "dynamicSampling": False},  # every batch the same size of work, as in the baseline
-                     "training": {"totalSteps": 10_000, "trajectoriesPerStep": 16, "learningRate": 1e-4,
-                                  "mode": mode, "maxStaleness": 1 if mode == "sync" else 2, "seed": 3},
-                     "environment": {"tasks": {"uri": str(tasks)}, "maxTurns": 5, "maxTokensPerTrajectory": 1536},
-                     "reward": {"intermediateRewards": True},
-                     "rollout": {"concurrentSessions": 48, "maxTokensPerTurn": 64,
-                                 "engine": {"maxNumSeqs": 48, "maxModelLen": 2048}},
-                     "checkpoint": {"intervalSteps": 10_000},
-                     "limits": {"maxWallClock": f"{RL_SECONDS + 90}s", "noProgressTimeout": "10m"}}}  # fmt: skip
+    return {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
+            "algorithm": {
+                "groupSize": 4,
+                "creditAssignment": {"mode": "turn", "gamma": 0.9},
+                "dynamicSampling": False,
+            },  # every batch the same size of work, as in the baseline
+            "training": {
+                "totalSteps": 10_000,
+                "trajectoriesPerStep": 16,
+                "learningRate": 1e-4,
+                "mode": mode,
+                "maxStaleness": 1 if mode == "sync" else 2,
+                "seed": 3,
+            },
+            "environment": {"tasks": {"uri": str(tasks)}, "maxTurns": 5, "maxTokensPerTrajectory": 1536},
+            "reward": {"intermediateRewards": True},
+            "rollout": {
+                "concurrentSessions": 48,
+                "maxTokensPerTurn": 64,
+                "engine": {"maxNumSeqs": 48, "maxModelLen": 2048},
+            },
+            "checkpoint": {"intervalSteps": 10_000},
+            "limits": {"maxWallClock": f"{RL_SECONDS + 90}s", "noProgressTimeout": "10m"},
+        },
+    }
 
 
 def summary(run_dir: Path) -> dict[str, float]:

@@ -14,8 +14,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def torchrun(world: int, model: Path, out: Path, batch: int, length: int, steps: int) -> dict:
-    argv = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(world),
-            "-m", "kuberl_trainer.throughput", str(model), str(out), str(batch), str(length), str(steps)]  # fmt: skip
+    argv = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        "-m",
+        "kuberl_trainer.throughput",
+        str(model),
+        str(out),
+        str(batch),
+        str(length),
+        str(steps),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // world))}
     subprocess.run(argv, check=True, capture_output=True, env=env, timeout=1800)
     return json.loads(out.read_text())

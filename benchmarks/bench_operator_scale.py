@@ -61,10 +61,12 @@ def applied_at(log: str, jobs: set[str]) -> dict[str, float]:
 
 
 def manifest(name: str) -> dict:
-    return {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"learner": {"replicas": 2}, "rollout": {"replicas": 2},
-                     "checkpoint": {"uri": f"s3://ckpt/{name}"}}}  # fmt: skip
+    return {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"learner": {"replicas": 2}, "rollout": {"replicas": 2}, "checkpoint": {"uri": f"s3://ckpt/{name}"}},
+    }
 
 
 def children_per_job(api) -> dict[str, int]:
@@ -141,8 +143,11 @@ def run() -> dict[str, object]:
                 done = applied_at(operator.log.read_text(errors="replace"), set(created))
                 peak_rss = max(peak_rss, operator.peak_rss_bytes() or 0)
                 if time.time() - shown >= 5 or len(done) == JOBS:
-                    print(f"[bench]   {len(done)}/{JOBS} jobs have their children, "
-                          f"{time.time() - last_create:.0f} s after the last create", flush=True)  # fmt: skip
+                    print(
+                        f"[bench]   {len(done)}/{JOBS} jobs have their children, "
+                        f"{time.time() - last_create:.0f} s after the last create",
+                        flush=True,
+                    )
                     shown = time.time()
             counts = children_per_job(api)
             # the steady state: every job observed each interval, nothing changing

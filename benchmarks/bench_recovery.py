@@ -19,14 +19,24 @@ def measure(work: Path, model: Path, rollouts: int) -> dict[str, float]:
     from kuberl.local.progress import ProgressPrinter
     from kuberl.local.runner import run_job
 
-    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": f"recovery-{rollouts}"},
-                "spec": {"model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
-                         "algorithm": {"groupSize": 4, "dynamicSampling": False},  # untrained: no signal
-                         "training": {"totalSteps": STEPS, "trajectoriesPerStep": 16, "learningRate": 1e-4},
-                         "environment": {"maxTurns": 3, "maxTokensPerTrajectory": 1024},
-                         "rollout": {"replicas": rollouts, "concurrentSessions": 32, "maxTokensPerTurn": 48,
-                                     "engine": {"maxNumSeqs": 32, "maxModelLen": 2048}},
-                         "checkpoint": {"intervalSteps": 100}}}  # fmt: skip
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": f"recovery-{rollouts}"},
+        "spec": {
+            "model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
+            "algorithm": {"groupSize": 4, "dynamicSampling": False},  # untrained: no signal
+            "training": {"totalSteps": STEPS, "trajectoriesPerStep": 16, "learningRate": 1e-4},
+            "environment": {"maxTurns": 3, "maxTokensPerTrajectory": 1024},
+            "rollout": {
+                "replicas": rollouts,
+                "concurrentSessions": 32,
+                "maxTokensPerTurn": 48,
+                "engine": {"maxNumSeqs": 32, "maxModelLen": 2048},
+            },
+            "checkpoint": {"intervalSteps": 100},
+        },
+    }
     path = work / f"job-{rollouts}.yaml"
     path.write_text(yaml.safe_dump(manifest))
     killed: list[float] = []

@@ -80,14 +80,18 @@ async def _demo_policy(folder: Path) -> Path:
 
     task = generate(4, seed=21)[3]
     meta = task.metadata
-    calls = [ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": meta["fix"]}),
-             ToolCall(name="run_tests"), ToolCall(name="submit")]  # fmt: skip
+    calls = [
+        ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": meta["fix"]}),
+        ToolCall(name="run_tests"),
+        ToolCall(name="submit"),
+    ]
     base = build_tiny_model(folder / "base", hidden_size=128, layers=4, heads=4, seed=1)
     with local_sandbox() as sandbox:
         client = SandboxClient(sandbox.url, sandbox.token)
         env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))
-        demo = await record_demonstration(env, ChatFormat(AutoTokenizer.from_pretrained(base)), SWE_SYSTEM_PROMPT,
-                                          task, calls)  # fmt: skip
+        demo = await record_demonstration(
+            env, ChatFormat(AutoTokenizer.from_pretrained(base)), SWE_SYSTEM_PROMPT, task, calls
+        )
         await env.close()
         await client.aclose()
     supervised_fit(base, [(demo.token_ids, demo.loss_mask)], folder / "policy", steps=300, learning_rate=3e-3)
@@ -105,8 +109,12 @@ async def throughput(policy: Path, task) -> dict[str, object]:
 
     engine = RolloutEngine(EngineConfig(str(policy), EngineSpec(max_num_seqs=256), max_model_len=4096))
     await engine.start()
-    agent = Agent(engine, ChatFormat(AutoTokenizer.from_pretrained(policy)), SWE_SYSTEM_PROMPT,
-                  EpisodeLimits(max_turns=3, max_tokens=4096, max_tokens_per_turn=96, temperature=1.0))  # fmt: skip
+    agent = Agent(
+        engine,
+        ChatFormat(AutoTokenizer.from_pretrained(policy)),
+        SWE_SYSTEM_PROMPT,
+        EpisodeLimits(max_turns=3, max_tokens=4096, max_tokens_per_turn=96, temperature=1.0),
+    )
     prompt = task.prompt + "\nFiles: " + ", ".join(sorted(task.files))
     out: dict[str, object] = {}
     generate = engine.generate
@@ -140,10 +148,13 @@ async def throughput(policy: Path, task) -> dict[str, object]:
             slot.cancel()
         await asyncio.gather(*slots, return_exceptions=True)
         tokens = window["tokens"]
-        out[str(level)] = {"generated_tokens_per_s": round(tokens / wall, 1),
-                           "per_environment_tokens_per_s": round(tokens / wall / level, 3),
-                           "turns_in_window": turns, "agent_loop_cpu_ms_per_turn": round(1000 * cpu / max(turns, 1), 3),
-                           "engine_waiting_requests_at_end": engine.waiting_requests}  # fmt: skip
+        out[str(level)] = {
+            "generated_tokens_per_s": round(tokens / wall, 1),
+            "per_environment_tokens_per_s": round(tokens / wall / level, 3),
+            "turns_in_window": turns,
+            "agent_loop_cpu_ms_per_turn": round(1000 * cpu / max(turns, 1), 3),
+            "engine_waiting_requests_at_end": engine.waiting_requests,
+        }
         print(f"[bench]   rollout {level} environments: {out[str(level)]}", flush=True)
     engine.generate = generate  # type: ignore[method-assign]
     if {"100", "500"} <= out.keys():
@@ -180,8 +191,14 @@ async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 6
 
     rng = random.Random(0)
     batch = [[rng.randrange(10, 1000) for _ in range(32)] for _ in range(prompts)]
-    llm = LLM(model=str(policy), dtype="float32", enforce_eager=True, max_model_len=4096, seed=0,
-              logprobs_mode="processed_logprobs")  # fmt: skip
+    llm = LLM(
+        model=str(policy),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=4096,
+        seed=0,
+        logprobs_mode="processed_logprobs",
+    )
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=1.0, logprobs=0, detokenize=False)
     llm.generate([{"prompt_token_ids": p} for p in batch[:8]], params, use_tqdm=False)  # warm-up
     started = time.monotonic()
@@ -200,8 +217,11 @@ async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 6
     generated = sum(len(r.token_ids) for r in results)
     served = generated / (time.monotonic() - started)
     engine.shutdown()
-    return {"offline_tokens_per_s": round(offline, 1), "ours_tokens_per_s": round(served, 1),
-            "ratio": round(served / offline, 3)}  # fmt: skip
+    return {
+        "offline_tokens_per_s": round(offline, 1),
+        "ours_tokens_per_s": round(served, 1),
+        "ratio": round(served / offline, 3),
+    }
 
 
 async def smollm_weight_sync(folder: Path) -> dict[str, float] | str:
@@ -223,8 +243,10 @@ async def smollm_weight_sync(folder: Path) -> dict[str, float] | str:
 async def main() -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="kuberl-bench-") as tmp:
         policy, task = await _demo_policy(Path(tmp))
-        out: dict[str, object] = {"env_latency": {"median_s": 0.5, "p99_s": 10.0, "distribution": "log-normal"},
-                                  "measure_s": MEASURE_S}  # fmt: skip
+        out: dict[str, object] = {
+            "env_latency": {"median_s": 0.5, "p99_s": 10.0, "distribution": "log-normal"},
+            "measure_s": MEASURE_S,
+        }
         out["throughput"] = await throughput(policy, task)
         out["engine_vs_vllm_offline"] = await engine_vs_offline(policy)
         print(f"[bench]   engine vs offline: {out['engine_vs_vllm_offline']}", flush=True)

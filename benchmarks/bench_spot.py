@@ -277,8 +277,10 @@ def load_trace(path: Path = TRACE) -> dict[str, Scenario]:
     day_s = doc["horizon_s"]
     out = {}
     for name, s in doc["scenarios"].items():
-        expected = sum(p["nodes"] * -math.log(1 - p["interruption_probability"]) * day_s / (p["over_hours"] * 3600)
-                       for p in s["pools"].values())  # fmt: skip
+        expected = sum(
+            p["nodes"] * -math.log(1 - p["interruption_probability"]) * day_s / (p["over_hours"] * 3600)
+            for p in s["pools"].values()
+        )
         out[name] = Scenario(s["notice_s"], expected, [[Interruption(**e) for e in day] for day in s["days"]])
     return out
 
@@ -332,8 +334,13 @@ def run(job: Job = Job(), prices: Prices = Prices()) -> dict[str, object]:
             "policies": summaries,
         }
     on_demand_step_s = 1 / step_rate(trajectory_rate(job.rollout_pods, job), job)
-    shape = {"total_steps": job.total_steps, "learner_gpus": job.learner_gpus, "rollout_gpus": job.rollout_pods,
-             "sandbox_pods": job.sandbox_pods, "on_demand_step_s": round(on_demand_step_s, 1)}  # fmt: skip
+    shape = {
+        "total_steps": job.total_steps,
+        "learner_gpus": job.learner_gpus,
+        "rollout_gpus": job.rollout_pods,
+        "sandbox_pods": job.sandbox_pods,
+        "on_demand_step_s": round(on_demand_step_s, 1),
+    }
     return {
         "trace": str(TRACE.relative_to(REPO)),
         "job": shape,

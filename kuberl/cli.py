@@ -61,9 +61,12 @@ def crds(output: str | None, reference: bool) -> None:
 @main.command()
 @click.argument("job_file", metavar="JOB.yaml")
 @click.option("-n", "--namespace", default=None, help="Namespace of the objects [the manifest's, else default].")
-@click.option("--uid", default=None,
-              help="The RLJob's metadata.uid, for owner references (kubectl get rljob NAME -o "
-                   "jsonpath='{.metadata.uid}') [the manifest's; without one, no owner references].")  # fmt: skip
+@click.option(
+    "--uid",
+    default=None,
+    help="The RLJob's metadata.uid, for owner references (kubectl get rljob NAME -o "
+    "jsonpath='{.metadata.uid}') [the manifest's; without one, no owner references].",
+)
 def render(job_file: str, namespace: str | None, uid: str | None) -> None:
     """Print every object the operator creates for the RLJob in JOB.yaml as a YAML stream, like `helm template`.
 
@@ -86,16 +89,24 @@ def render(job_file: str, namespace: str | None, uid: str | None) -> None:
         click.echo(f"warning: {line}", err=True)
     if owner is None:
         click.echo("note: no --uid, so no ownerReferences: these objects outlive the RLJob", err=True)
-    click.echo(f"note: sandbox and rollout pods read the token from Secret {sandbox_token_secret_name(job)!r} "
-               f"(key 'token') in namespace {ns!r}, which the operator creates", err=True)  # fmt: skip
+    click.echo(
+        f"note: sandbox and rollout pods read the token from Secret {sandbox_token_secret_name(job)!r} "
+        f"(key 'token') in namespace {ns!r}, which the operator creates",
+        err=True,
+    )
 
 
 @main.command("operator")
-@click.option("-n", "--namespace", "namespaces", multiple=True,
-              help="Watch RLJobs in this namespace (repeat) [all namespaces].")  # fmt: skip
+@click.option(
+    "-n", "--namespace", "namespaces", multiple=True, help="Watch RLJobs in this namespace (repeat) [all namespaces]."
+)
 @click.option("--liveness", default=None, help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
-@click.option("--metrics-port", type=int, default=None,
-              help="Serve Prometheus metrics (the operator's and every job's) on this port [none].")  # fmt: skip
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve Prometheus metrics (the operator's and every job's) on this port [none].",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log every handler run.")
 def operator_command(
     namespaces: tuple[str, ...], liveness: str | None, metrics_port: int | None, verbose: bool
@@ -154,9 +165,13 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
 @click.option("--hidden-size", default=128, show_default=True, type=int)
 @click.option("--layers", default=4, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--copy-pretraining/--no-copy-pretraining", default=True, show_default=True,
-              help="Pretrain the model to copy from its context (about 3 minutes on 2 CPU cores); "
-                   "without it the model is random and cannot learn an agent's tool calls.")  # fmt: skip
+@click.option(
+    "--copy-pretraining/--no-copy-pretraining",
+    default=True,
+    show_default=True,
+    help="Pretrain the model to copy from its context (about 3 minutes on 2 CPU cores); "
+    "without it the model is random and cannot learn an agent's tool calls.",
+)
 def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int, copy_pretraining: bool) -> None:
     """Write a tiny Llama and its tokenizer (trained offline on swe-toy) to PATH."""
     from kuberl.modeling.tiny import build_tiny_model
@@ -170,8 +185,10 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
             current = DEFAULT_CURRICULUM[stage]
             if step % 100 == 0 or step == current.steps:
                 words = f"{current.vocabulary} tokens" if current.vocabulary else "the whole vocabulary"
-                click.echo(f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/"
-                           f"{current.steps}, loss {loss:.3f}, copy accuracy {accuracy:.2f} ({words})")  # fmt: skip
+                click.echo(
+                    f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/"
+                    f"{current.steps}, loss {loss:.3f}, copy accuracy {accuracy:.2f} ({words})"
+                )
 
         try:
             accuracies = pretrain_copying(folder, seed=seed, on_progress=progress)
@@ -184,15 +201,28 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
 @click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--resume", is_flag=True, help="Continue a stopped run of this job from its newest checkpoint.")
 @click.option("--run-dir", default=None, help="Where the run's files go [runs/<job>].")
-@click.option("--evaluate/--no-evaluate", default=True, show_default=True,
-              help="Measure the held-out solve rate (environment.tasks.evalSplit) before and after RL.")  # fmt: skip
-@click.option("--metrics-port", type=int, default=None,
-              help="Serve the job-level metrics (phase, step, reward, restarts, ...) that the operator exports "
-                   "in a cluster on 127.0.0.1:PORT/metrics [none].")  # fmt: skip
-@click.option("--metrics-linger", default="0s", show_default=True,
-              help="Serve the job metrics this long after the job ends (a scraper sees its final phase).")  # fmt: skip
-def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool, metrics_port: int | None,
-                metrics_linger: str) -> None:  # fmt: skip
+@click.option(
+    "--evaluate/--no-evaluate",
+    default=True,
+    show_default=True,
+    help="Measure the held-out solve rate (environment.tasks.evalSplit) before and after RL.",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve the job-level metrics (phase, step, reward, restarts, ...) that the operator exports "
+    "in a cluster on 127.0.0.1:PORT/metrics [none].",
+)
+@click.option(
+    "--metrics-linger",
+    default="0s",
+    show_default=True,
+    help="Serve the job metrics this long after the job ends (a scraper sees its final phase).",
+)
+def run_command(
+    job_file: str, resume: bool, run_dir: str | None, evaluate: bool, metrics_port: int | None, metrics_linger: str
+) -> None:
     """Run the whole RLJob on this machine: sandbox servers, rollout servers (vLLM) and the learner as
     local processes, supervised like the operator would, with progress, breakers and a learning curve.
     RUN_DIR/prometheus_targets.json lists every /metrics endpoint (Prometheus file_sd format). The sandbox
@@ -247,15 +277,26 @@ def run_command(job_file: str, resume: bool, run_dir: str | None, evaluate: bool
 
     folder = Path(run_dir or f"runs/{job.name}")
     try:
-        record = run_job(job, Path(job_file), folder, model, resume, warm_up=warm_up,
-                         evaluate=solve_rate if evaluate and held_out else None, metrics_port=metrics_port,
-                         metrics_linger_s=linger_s)  # fmt: skip
+        record = run_job(
+            job,
+            Path(job_file),
+            folder,
+            model,
+            resume,
+            warm_up=warm_up,
+            evaluate=solve_rate if evaluate and held_out else None,
+            metrics_port=metrics_port,
+            metrics_linger_s=linger_s,
+        )
     except RunError as err:
         raise click.UsageError(str(err)) from None
     if evaluate and held_out and "after RL" in record.evaluations:  # not after a Ctrl-C or a failure
         _credit_probes(folder, held_out)
-    click.echo(f"\n{job.name}: {record.phase}" + (f" ({record.reason})" if record.reason else "")
-               + f" at step {record.step}: {record.message}")  # fmt: skip
+    click.echo(
+        f"\n{job.name}: {record.phase}"
+        + (f" ({record.reason})" if record.reason else "")
+        + f" at step {record.step}: {record.message}"
+    )
     if record.phase == "Failed":
         raise SystemExit(1)
 
@@ -288,17 +329,32 @@ def _credit_probes(run_dir, held_out) -> None:
 
 @main.command("evaluate")
 @click.argument("policy", metavar="POLICY_DIR")
-@click.option("--job", "job_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="The RLJob whose environment, rollout settings and evaluation split are used.")  # fmt: skip
-@click.option("--tasks", "tasks_uri", default=None,
-              help="Another task file (JSONL: local path, file:// or s3://) instead of the job's tasks.")  # fmt: skip
-@click.option("--split", default=None,
-              help="Split to score [the job's environment.tasks.evalSplit; with --tasks: all].")  # fmt: skip
+@click.option(
+    "--job",
+    "job_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The RLJob whose environment, rollout settings and evaluation split are used.",
+)
+@click.option(
+    "--tasks",
+    "tasks_uri",
+    default=None,
+    help="Another task file (JSONL: local path, file:// or s3://) instead of the job's tasks.",
+)
+@click.option(
+    "--split", default=None, help="Split to score [the job's environment.tasks.evalSplit; with --tasks: all]."
+)
 @click.option("--episodes", default=1, show_default=True, type=click.IntRange(min=1), help="Episodes per task.")
-@click.option("--output", default=None, type=click.Path(dir_okay=False),
-              help="Write the summary as JSON here [POLICY_DIR/../evaluation.json].")  # fmt: skip
-def evaluate_command(policy: str, job_file: str, tasks_uri: str | None, split: str | None, episodes: int,
-                     output: str | None) -> None:  # fmt: skip
+@click.option(
+    "--output",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write the summary as JSON here [POLICY_DIR/../evaluation.json].",
+)
+def evaluate_command(
+    policy: str, job_file: str, tasks_uri: str | None, split: str | None, episodes: int, output: str | None
+) -> None:
     """The held-out solve rate of a policy: the export of a run (runs/<job>/policy) or any Hugging Face
     folder, served by the job's own rollout server and sandbox (`kuberl run` measures its before and
     after numbers with the same scorer)."""
@@ -326,8 +382,9 @@ def evaluate_command(policy: str, job_file: str, tasks_uri: str | None, split: s
         raise click.UsageError(f"no tasks to evaluate in {tasks_uri or env.name} (split {split or 'all'})")
     out = Path(output) if output else Path(policy).resolve().parent / "evaluation.json"
     # the servers' logs stay beside the summary: a failed evaluation is explained there
-    summary = evaluate_policy(job, Path(job_file), policy, tasks, episodes, out.parent / f"{out.stem}-logs",
-                              log=click.echo)  # fmt: skip
+    summary = evaluate_policy(
+        job, Path(job_file), policy, tasks, episodes, out.parent / f"{out.stem}-logs", log=click.echo
+    )
     summary["tasks_source"] = tasks_uri or f"{env.name}:{split or env.tasks.eval_split}"
     write_summary(summary, out)
     click.echo(summary_line(summary))
@@ -363,8 +420,9 @@ def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str,
 @click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
 @click.option("--run-dir", default=None, help="Where metrics.jsonl, status.json and local checkpoints go [runs/<job>].")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port (rank 0).")
-def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None, run_dir: str | None,
-            metrics_port: int | None) -> None:  # fmt: skip
+def learner(
+    job_file: str, rollout_urls: tuple[str, ...], model_path: str | None, run_dir: str | None, metrics_port: int | None
+) -> None:
     """Train the RLJob's policy from rollouts. Launch with torchrun for FSDP over several processes:
 
     torchrun --nproc_per_node N -m kuberl.cli learner JOB.yaml --rollout-url URL
@@ -390,8 +448,16 @@ def learner(job_file: str, rollout_urls: tuple[str, ...], model_path: str | None
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     folder = Path(run_dir or f"runs/{job.name}")
-    run_learner(job, list(rollout_urls), model, folder, task_ids, log=lambda line: click.echo(json.dumps(line)),
-                metrics_port=metrics_port, job_started_at=started)  # fmt: skip
+    run_learner(
+        job,
+        list(rollout_urls),
+        model,
+        folder,
+        task_ids,
+        log=lambda line: click.echo(json.dumps(line)),
+        metrics_port=metrics_port,
+        job_started_at=started,
+    )
 
 
 if __name__ == "__main__":

@@ -19,11 +19,18 @@ from kuberl.api.types import parse_duration
 
 TIERS = ("learner", "rollout", "sandbox")
 # Reasons that name a circuit breaker (kuberl.api.status.Reason): a job ending with one "tripped" it.
-BREAKER_REASONS = frozenset({
-    Reason.MAX_STEPS_REACHED, Reason.MAX_WALL_CLOCK_REACHED, Reason.GPU_HOUR_BUDGET_EXHAUSTED,
-    Reason.NON_FINITE_LOSS, Reason.NO_PROGRESS, Reason.MISMATCH_KL_EXCEEDED, Reason.NO_LEARNING_SIGNAL,
-    Reason.RETRY_BUDGET_EXHAUSTED,
-})  # fmt: skip
+BREAKER_REASONS = frozenset(
+    {
+        Reason.MAX_STEPS_REACHED,
+        Reason.MAX_WALL_CLOCK_REACHED,
+        Reason.GPU_HOUR_BUDGET_EXHAUSTED,
+        Reason.NON_FINITE_LOSS,
+        Reason.NO_PROGRESS,
+        Reason.MISMATCH_KL_EXCEEDED,
+        Reason.NO_LEARNING_SIGNAL,
+        Reason.RETRY_BUDGET_EXHAUSTED,
+    }
+)
 _LABELS = ["namespace", "rljob"]
 
 
@@ -78,8 +85,9 @@ class JobMetrics(Collector):
         sandbox_desired = gauge("sandbox_desired_replicas", "Sandbox pods the autoscaler asks for now.")
         checkpoint_step = gauge("checkpoint_last_step", "Step of the newest complete checkpoint.")
         checkpoint_time = gauge("checkpoint_last_timestamp_seconds", "Unix time of the newest complete checkpoint.")
-        gpu = counter("gpu_seconds", "GPU-seconds used, per tier and capacity type (spot, on-demand).",
-                      ["tier", "capacity"])  # fmt: skip
+        gpu = counter(
+            "gpu_seconds", "GPU-seconds used, per tier and capacity type (spot, on-demand).", ["tier", "capacity"]
+        )
         restarts = counter("restarts", "Worker restarts per tier (failures; preemptions are counted apart).", ["tier"])
         preemptions = counter("preemptions", "Spot preemptions survived (they never spend the retry budget).")
         interval = gauge(
@@ -119,5 +127,22 @@ class JobMetrics(Collector):
                 no_progress.add_metric(ids, parse_duration(spec.limits.no_progress_timeout))
             if status.reason in BREAKER_REASONS:
                 trips.add_metric([*ids, str(status.reason)], 1.0)
-        yield from (phase, step, version, reward, tokens, staleness, running, ready, sandbox_desired, checkpoint_step,
-                    checkpoint_time, interval, no_progress, gpu, restarts, preemptions, trips)  # fmt: skip
+        yield from (
+            phase,
+            step,
+            version,
+            reward,
+            tokens,
+            staleness,
+            running,
+            ready,
+            sandbox_desired,
+            checkpoint_step,
+            checkpoint_time,
+            interval,
+            no_progress,
+            gpu,
+            restarts,
+            preemptions,
+            trips,
+        )

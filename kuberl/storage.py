@@ -70,5 +70,7 @@ def check_model_folder(model_path: str | Path) -> None:
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder}: no config.json; spec.model.uri must name a Hugging Face model folder")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise ValueError(f"{folder}: no model weights ({' or '.join(WEIGHT_FILES)}); "
-                         f"spec.model.uri must name a folder with safetensors weights")  # fmt: skip
+        raise ValueError(
+            f"{folder}: no model weights ({' or '.join(WEIGHT_FILES)}); "
+            f"spec.model.uri must name a folder with safetensors weights"
+        )

@@ -77,7 +77,10 @@ def test_tasks_without_fail_to_pass_are_refused_for_swe_toy_tests_only():
     assert task_problem(swe_toy_tests_reward, RESOLVABLE) is None
     assert "task 't' has no failToPass" in task_problem(swe_toy_tests_reward, TASK)
     check_tasks(swe_toy_tests_reward, [RESOLVABLE], "tasks.jsonl")
-    with pytest.raises(ValueError, match=r"^tasks\.jsonl: 1 of 2 tasks cannot be scored; first: task 't' has no "
-                                         r"failToPass: .*add them to the task file"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^tasks\.jsonl: 1 of 2 tasks cannot be scored; first: task 't' has no "
+        r"failToPass: .*add them to the task file",
+    ):
         check_tasks(swe_toy_tests_reward, [RESOLVABLE, TASK], "tasks.jsonl")
     check_tasks(lambda c: 1.0, [TASK], "tasks.jsonl")  # another reward scores what it likes

@@ -64,8 +64,9 @@ def sample_day(pools: dict[str, tuple], rng: random.Random) -> list[dict]:
             t = rng.expovariate(rate)
             while t < HORIZON_S:
                 returns = t + capacity_returns_after_s(rng)
-                events.append({"pool": pool, "slot": slot, "at_s": round(t, 1),
-                               "capacity_returns_s": round(returns, 1)})  # fmt: skip
+                events.append(
+                    {"pool": pool, "slot": slot, "at_s": round(t, 1), "capacity_returns_s": round(returns, 1)}
+                )
                 t += rng.expovariate(rate)
     return sorted(events, key=lambda e: e["at_s"])
 
@@ -75,8 +76,10 @@ def main() -> None:
     scenarios = {}
     for name, spec in SCENARIOS.items():
         days = [sample_day(spec["pools"], rng) for _ in range(DAYS)]
-        pools = {pool: {"nodes": n, "interruption_probability": p, "over_hours": h, "what": what}
-                 for pool, (n, p, h, what) in spec["pools"].items()}  # fmt: skip
+        pools = {
+            pool: {"nodes": n, "interruption_probability": p, "over_hours": h, "what": what}
+            for pool, (n, p, h, what) in spec["pools"].items()
+        }
         scenarios[name] = {"notice_s": spec["notice_s"], "pools": pools, "days": days}
         print(f"{name}: {sum(len(d) for d in days)} interruptions over {DAYS} days")
     trace = {

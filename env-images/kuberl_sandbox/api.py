@@ -151,28 +151,48 @@ def create_app(settings: SandboxSettings) -> FastAPI:
     @app.post("/v1/sessions", dependencies=auth, status_code=201)
     async def create_session(body: CreateSession) -> SessionInfo:
         session = await manager.create(body.task, body.timeout)
-        return SessionInfo(session_id=session.session_id, task_id=body.task.task_id,
-                           observation=initial_observation(body.task), isolated=session.identity.isolated,
-                           endpoint=settings.advertise_url)  # fmt: skip
+        return SessionInfo(
+            session_id=session.session_id,
+            task_id=body.task.task_id,
+            observation=initial_observation(body.task),
+            isolated=session.identity.isolated,
+            endpoint=settings.advertise_url,
+        )
 
     @app.post("/v1/sessions/restore", dependencies=auth, status_code=201)
     async def restore_session(body: RestoreSession) -> SessionInfo:
         session = await manager.restore(body.task, body.snapshot)
-        return SessionInfo(session_id=session.session_id, task_id=body.task.task_id,
-                           observation=initial_observation(body.task), isolated=session.identity.isolated,
-                           checksum=body.snapshot.checksum, endpoint=settings.advertise_url)  # fmt: skip
+        return SessionInfo(
+            session_id=session.session_id,
+            task_id=body.task.task_id,
+            observation=initial_observation(body.task),
+            isolated=session.identity.isolated,
+            checksum=body.snapshot.checksum,
+            endpoint=settings.advertise_url,
+        )
 
     @app.get("/v1/sessions/{session_id}", dependencies=auth)
     async def describe_session(session_id: str) -> dict[str, Any]:
         s = manager.get(session_id)
-        return {"sessionId": s.session_id, "taskId": s.task.task_id, "commands": s.commands,
-                "actions": len(s.actions), "checksum": await manager.checksum(s), "created": s.created}  # fmt: skip
+        return {
+            "sessionId": s.session_id,
+            "taskId": s.task.task_id,
+            "commands": s.commands,
+            "actions": len(s.actions),
+            "checksum": await manager.checksum(s),
+            "created": s.created,
+        }
 
     @app.post("/v1/sessions/{session_id}/exec", dependencies=auth)
     async def execute(session_id: str, body: ExecRequest) -> ExecResponse:
         result = await manager.execute(manager.get(session_id), body.command, body.timeout)
-        return ExecResponse(exit_code=result.exit_code, output=result.output, truncated=result.truncated,
-                            timed_out=result.timed_out, duration_s=result.duration_s)  # fmt: skip
+        return ExecResponse(
+            exit_code=result.exit_code,
+            output=result.output,
+            truncated=result.truncated,
+            timed_out=result.timed_out,
+            duration_s=result.duration_s,
+        )
 
     @app.get("/v1/sessions/{session_id}/files", dependencies=auth)
     async def read_file(session_id: str, path: Annotated[str, Query(min_length=1)]) -> dict[str, Any]:
@@ -194,8 +214,13 @@ def create_app(settings: SandboxSettings) -> FastAPI:
         result = await manager.apply_patch(manager.get(session_id), body.patch)
         if result.exit_code != 0:
             raise SessionError(400, f"patch did not apply: {result.output.strip()[-500:]}")
-        return ExecResponse(exit_code=result.exit_code, output=result.output, truncated=result.truncated,
-                            timed_out=result.timed_out, duration_s=result.duration_s)  # fmt: skip
+        return ExecResponse(
+            exit_code=result.exit_code,
+            output=result.output,
+            truncated=result.truncated,
+            timed_out=result.timed_out,
+            duration_s=result.duration_s,
+        )
 
     @app.get("/v1/sessions/{session_id}/list", dependencies=auth)
     async def list_directory(session_id: str, path: str = ".") -> dict[str, Any]:

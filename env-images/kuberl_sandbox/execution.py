@@ -123,8 +123,11 @@ async def run_command(
         if exited.done() and not reader.done() and not truncated:
             # The shell is gone but something it started still holds the pipe: read what is already
             # there; the leftovers are killed below (they must not outlive the command).
-            await asyncio.wait({reader, overflowed}, timeout=min(_DRAIN_GRACE_S, max(0.0, deadline - time.monotonic())),
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            await asyncio.wait(
+                {reader, overflowed},
+                timeout=min(_DRAIN_GRACE_S, max(0.0, deadline - time.monotonic())),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         elif reader.done() and not truncated:
             await asyncio.wait({exited}, timeout=max(0.0, deadline - time.monotonic()))
         timed_out = not exited.done() and not truncated
@@ -178,8 +181,18 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
     # --propagation private: no mount made inside reaches the host (or another session), none of theirs comes in.
     # --mount-proc: a /proc of the new PID namespace, so other sessions' processes are not even listed.
     # --ipc: SysV shared memory, semaphores and message queues of the command's own, gone with it.
-    namespaces = [UNSHARE, "--mount", "--propagation", "private", "--pid", "--ipc", "--fork", "--kill-child",
-                  "--mount-proc", "--"]  # fmt: skip
+    namespaces = [
+        UNSHARE,
+        "--mount",
+        "--propagation",
+        "private",
+        "--pid",
+        "--ipc",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--",
+    ]
     mounts = ["/bin/sh", "-c", _MOUNT_SCRIPT, str(identity.private / FSTAB)]
     # --clear-groups: root's supplementary groups must not reach the command; --no-new-privs: no setuid or
     # file-capability binary can raise the command's privileges again.
@@ -261,8 +274,9 @@ def namespaces_available(uid: int) -> bool:
         os.chmod(probe, 0o711)
         make_private_root(probe / "private", visible=probe)
         identity = Identity(uid=uid, gid=uid, isolated=True, private=probe / "private")
-        result = subprocess.run(command_argv("true", identity, CommandLimits()), capture_output=True, timeout=10,
-                                cwd="/")  # fmt: skip
+        result = subprocess.run(
+            command_argv("true", identity, CommandLimits()), capture_output=True, timeout=10, cwd="/"
+        )
     except (OSError, ValueError, subprocess.SubprocessError) as err:
         log.warning("cannot run commands in namespaces: %s", err)
         return False

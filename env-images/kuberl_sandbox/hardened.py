@@ -157,5 +157,11 @@ def outcome(result: CommandResult, nonce: str, expected_ids: list[str] | None, e
         passed = min(sum(v == "pass" for v in results.values()), expected_total)
     if tampering is not None:
         text += f"\nERROR: the test report could not be trusted ({tampering.value}); every test fails"
-    return TestOutcome(total=total, passed=passed, output=text, exit_code=result.exit_code,
-                       timed_out=result.timed_out, tampering=tampering)  # fmt: skip
+    return TestOutcome(
+        total=total,
+        passed=passed,
+        output=text,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        tampering=tampering,
+    )

@@ -47,9 +47,22 @@ def local_sandbox(
     token, port = token or secrets.token_hex(16), free_port()
     log = base / "server.log"
     env = {**os.environ, env_vars.SANDBOX_TOKEN: token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
-    argv = [sys.executable, "-m", "kuberl.cli", "sandbox", "--host", "127.0.0.1", "--port", str(port),
-            "--root", str(base / "sessions"), "--max-sessions", str(max_sessions),
-            "--session-timeout", session_timeout]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "kuberl.cli",
+        "sandbox",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--root",
+        str(base / "sessions"),
+        "--max-sessions",
+        str(max_sessions),
+        "--session-timeout",
+        session_timeout,
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

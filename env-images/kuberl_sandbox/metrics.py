@@ -27,18 +27,25 @@ class SandboxMetrics:
         )
         self.commands = Counter("kuberl_sandbox_commands_total", "Commands run.", ["kind"], registry=r)
         self.command_seconds = Histogram(
-            "kuberl_sandbox_command_duration_seconds", "Wall-clock seconds of one command.", ["kind"],
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.timeouts = Counter("kuberl_sandbox_command_timeouts_total", "Commands killed at their wall-clock limit.",
-                                ["kind"], registry=r)  # fmt: skip
+            "kuberl_sandbox_command_duration_seconds",
+            "Wall-clock seconds of one command.",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.timeouts = Counter(
+            "kuberl_sandbox_command_timeouts_total", "Commands killed at their wall-clock limit.", ["kind"], registry=r
+        )
         self.truncated = Counter(
             "kuberl_sandbox_command_output_truncated_total", "Commands killed for exceeding the output cap.", registry=r
         )
         self.errors = Counter("kuberl_sandbox_errors_total", "Requests answered with an error.", ["reason"], registry=r)
-        self.tampering = Counter("kuberl_sandbox_tampering_total",
-                                 "Test reports judged forged or broken (scored 0), by reason.", ["reason"],
-                                 registry=r)  # fmt: skip
+        self.tampering = Counter(
+            "kuberl_sandbox_tampering_total",
+            "Test reports judged forged or broken (scored 0), by reason.",
+            ["reason"],
+            registry=r,
+        )
         # every series exists from the start at 0, so rates and alerts see 0 rather than nothing
         for kind in COMMAND_KINDS:
             self.commands.labels(kind)

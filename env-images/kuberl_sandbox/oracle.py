@@ -128,9 +128,14 @@ def outcome(checks: Sequence[CallCheck], result: CommandResult, nonce: str) -> T
     """A visible run's outcome: counts per test id and an observation written by the server."""
     report = read_report(result, nonce, len(checks))
     results = test_results(checks, report)
-    return TestOutcome(total=len(results), passed=sum(results.values()), output=render(checks, report, results),
-                       exit_code=result.exit_code, timed_out=result.timed_out,
-                       tampering=report.tampering)  # fmt: skip
+    return TestOutcome(
+        total=len(results),
+        passed=sum(results.values()),
+        output=render(checks, report, results),
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        tampering=report.tampering,
+    )
 
 
 def resolution(
@@ -142,9 +147,14 @@ def resolution(
     output = render(checks, report, results)
 
     def part(ids: list[str], text: str) -> TestOutcome:
-        return TestOutcome(total=len(ids), passed=sum(results.get(i, False) for i in ids), output=text,
-                           exit_code=result.exit_code, timed_out=result.timed_out,
-                           tampering=report.tampering)  # fmt: skip
+        return TestOutcome(
+            total=len(ids),
+            passed=sum(results.get(i, False) for i in ids),
+            output=text,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            tampering=report.tampering,
+        )
 
     return Resolution(part(fail_to_pass, output), part(pass_to_pass, "")).combined()
 

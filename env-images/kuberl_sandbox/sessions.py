@@ -60,8 +60,12 @@ def _unscorable(task: Task, hidden: bool, why: str) -> TestOutcome:
     failed = TestOutcome(total=0, passed=0, output=why, exit_code=None, timed_out=False)
     if not (hidden and task.fail_to_pass):
         return failed
-    parts = [TestOutcome(total=len(ids), passed=0, output=why if ids is task.fail_to_pass else "", exit_code=None,
-                         timed_out=False) for ids in (task.fail_to_pass, task.pass_to_pass or [])]  # fmt: skip
+    parts = [
+        TestOutcome(
+            total=len(ids), passed=0, output=why if ids is task.fail_to_pass else "", exit_code=None, timed_out=False
+        )
+        for ids in (task.fail_to_pass, task.pass_to_pass or [])
+    ]
     return Resolution(*parts).combined()
 
 
@@ -116,8 +120,10 @@ class SessionManager:
             settings = self.settings
             base, size, count = uids.mapped_blocks(settings.uid_base, settings.uid_block_size, settings.uid_blocks)
             if size <= settings.max_sessions or count == 0:
-                raise RuntimeError(f"the uid block ({size} ids from {base}, of this process's uid map) must hold "
-                                   f"more than max_sessions ({settings.max_sessions}) sessions")  # fmt: skip
+                raise RuntimeError(
+                    f"the uid block ({size} ids from {base}, of this process's uid map) must hold "
+                    f"more than max_sessions ({settings.max_sessions}) sessions"
+                )
             self._uid_block = uids.claim_block(base, size, count)
             # The file tools switch their thread's file uid and gid to the session's; the supplementary groups
             # are the process's and are not switched, so root drops its own (it needs none).
@@ -159,14 +165,21 @@ class SessionManager:
         """A new session rebuilt from a snapshot sealed by a server of this job; its checksum must match."""
         if snapshot.task_id != task.task_id:
             raise SessionError(400, f"the snapshot is of task {snapshot.task_id!r}, not {task.task_id!r}")
-        if not snapshots.is_sealed(self._snapshot_key, snapshot.task_id, snapshot.checksum, snapshot.data,
-                                   snapshot.mac):  # fmt: skip
+        if not snapshots.is_sealed(
+            self._snapshot_key, snapshot.task_id, snapshot.checksum, snapshot.data, snapshot.mac
+        ):
             raise SessionError(403, "the snapshot's MAC does not match: only this job's sandbox servers make snapshots")
         session = self._new_session(task, None)
         try:
             # archives can be large: unpack off the event loop so other sessions keep being served
-            await asyncio.to_thread(snapshots.extract, snapshot.data, session.workspace, session.owner,
-                                    self.settings.max_body_bytes * 8, self.settings.limits.max_file_bytes)  # fmt: skip
+            await asyncio.to_thread(
+                snapshots.extract,
+                snapshot.data,
+                session.workspace,
+                session.owner,
+                self.settings.max_body_bytes * 8,
+                self.settings.limits.max_file_bytes,
+            )
             await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
             actual = await asyncio.to_thread(ws.checksum, session.workspace, session.owner)
         except ws.WorkspaceError as err:
@@ -185,9 +198,14 @@ class SessionManager:
             checksum = await self.file_op(ws.checksum, session.workspace, session.owner)
             data = await self.file_op(snapshots.archive, session.workspace, session.owner, self._max_file_bytes)
         task_id = session.task.task_id
-        return Snapshot(session_id=session.session_id, task_id=task_id, checksum=checksum, data=data,
-                        mac=snapshots.seal(self._snapshot_key, task_id, checksum, data),
-                        actions=list(session.actions))  # fmt: skip
+        return Snapshot(
+            session_id=session.session_id,
+            task_id=task_id,
+            checksum=checksum,
+            data=data,
+            mac=snapshots.seal(self._snapshot_key, task_id, checksum, data),
+            actions=list(session.actions),
+        )
 
     # ------------------------------------------------------------------------------ file tools
     async def read_file(self, session: Session, path: str, limit: int) -> tuple[str, bool]:
@@ -196,15 +214,17 @@ class SessionManager:
 
     async def write_file(self, session: Session, path: str, content: str) -> int:
         async with session.lock:
-            size = await self.file_op(ws.write_text, session.workspace, path, content, session.owner,
-                                      self._max_file_bytes)  # fmt: skip
+            size = await self.file_op(
+                ws.write_text, session.workspace, path, content, session.owner, self._max_file_bytes
+            )
             session.actions.append({"op": "write", "path": path, "content": content})
         return size
 
     async def replace(self, session: Session, path: str, old: str, new: str) -> int:
         async with session.lock:
-            count = await self.file_op(ws.replace_text, session.workspace, path, old, new, session.owner,
-                                       self._max_file_bytes)  # fmt: skip
+            count = await self.file_op(
+                ws.replace_text, session.workspace, path, old, new, session.owner, self._max_file_bytes
+            )
             session.actions.append({"op": "replace", "path": path, "old": old, "new": new})
         return count
 
@@ -304,8 +324,9 @@ class SessionManager:
         scratch = session.home / "tmp" / f"score-{secrets.token_hex(4)}"
         async with session.lock, self._slots:
             try:
-                await self.file_op(snapshots.copy_workspace, session.workspace, scratch, session.owner,
-                                   self._max_file_bytes)  # fmt: skip
+                await self.file_op(
+                    snapshots.copy_workspace, session.workspace, scratch, session.owner, self._max_file_bytes
+                )
                 if task.oracle is not None:
                     outcome = await self._oracle_run(session, scratch, hidden)
                 else:
@@ -341,21 +362,28 @@ class SessionManager:
         await self.file_op(hardened.clean, scratch, tests, own)
         await self.file_op(self._write_files, scratch, visible, session.owner)
         if not hidden:
-            result = await self._run(session, hardened.command([_module_of(p) for p in visible], str(scratch), nonce),
-                                     scratch, session.limits, test_run=True)  # fmt: skip
+            result = await self._run(
+                session,
+                hardened.command([_module_of(p) for p in visible], str(scratch), nonce),
+                scratch,
+                session.limits,
+                test_run=True,
+            )
             self.metrics.observe_command("tests", result)
             return hardened.outcome(result, nonce, None, count_test_methods(list(visible.values())))
         await self.file_op(self._write_files, scratch, task.hidden_tests, session.owner)
         if task.fail_to_pass:
             ids = [*task.fail_to_pass, *(task.pass_to_pass or [])]
-            result = await self._run(session, hardened.command(ids, str(scratch), nonce), scratch, session.limits,
-                                     test_run=True)  # fmt: skip
+            result = await self._run(
+                session, hardened.command(ids, str(scratch), nonce), scratch, session.limits, test_run=True
+            )
             self.metrics.observe_command("hidden_tests", result)
             parts = [hardened.outcome(result, nonce, list(i), 0) for i in (task.fail_to_pass, task.pass_to_pass or [])]
             return Resolution(*parts).combined()
         names = task.hidden_test_modules
-        result = await self._run(session, hardened.command(names, str(scratch), nonce), scratch, session.limits,
-                                 test_run=True)  # fmt: skip
+        result = await self._run(
+            session, hardened.command(names, str(scratch), nonce), scratch, session.limits, test_run=True
+        )
         self.metrics.observe_command("hidden_tests", result)
         return hardened.outcome(result, nonce, None, count_test_methods(list(task.hidden_tests.values())))
 

@@ -81,8 +81,9 @@ class SandboxSettings:
         python = os.environ.get(env_vars.SANDBOX_PYTHON) or _find_python()
         shared = os.environ.get(env_vars.SANDBOX_ALLOW_SHARED_USER, "") in ("1", "true", "yes")
         advertise = os.environ.get(ADVERTISE_ENV) or None
-        return SandboxSettings(root=root_path, token=token, python=python, allow_shared_user=shared,
-                               advertise_url=advertise)  # fmt: skip
+        return SandboxSettings(
+            root=root_path, token=token, python=python, allow_shared_user=shared, advertise_url=advertise
+        )
 
 
 def _find_python() -> str:

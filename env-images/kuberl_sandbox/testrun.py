@@ -26,10 +26,15 @@ class Resolution:
         runs = (self.fail_to_pass, self.pass_to_pass)
         failed = [o.exit_code for o in runs if o.exit_code != 0]
         tampered = [o.tampering for o in runs if o.tampering is not None]
-        return TestOutcome(total=sum(o.total for o in runs), passed=sum(o.passed for o in runs),
-                           output="\n".join(o.output for o in runs if o.output),
-                           exit_code=failed[0] if failed else 0, timed_out=any(o.timed_out for o in runs),
-                           resolution=self, tampering=tampered[0] if tampered else None)  # fmt: skip
+        return TestOutcome(
+            total=sum(o.total for o in runs),
+            passed=sum(o.passed for o in runs),
+            output="\n".join(o.output for o in runs if o.output),
+            exit_code=failed[0] if failed else 0,
+            timed_out=any(o.timed_out for o in runs),
+            resolution=self,
+            tampering=tampered[0] if tampered else None,
+        )
 
     def as_info(self) -> dict[str, object]:
         counts = {"failToPass": self.fail_to_pass, "passToPass": self.pass_to_pass}
@@ -53,8 +58,13 @@ class TestOutcome:
         return self.passed / self.total if self.total else 0.0
 
     def as_info(self) -> dict[str, object]:
-        info = {"total": self.total, "passed": self.passed, "fraction": self.fraction, "exitCode": self.exit_code,
-                "timedOut": self.timed_out}  # fmt: skip
+        info = {
+            "total": self.total,
+            "passed": self.passed,
+            "fraction": self.fraction,
+            "exitCode": self.exit_code,
+            "timedOut": self.timed_out,
+        }
         info |= {"tampering": self.tampering.value} if self.tampering is not None else {}
         return info | (self.resolution.as_info() if self.resolution else {})
 

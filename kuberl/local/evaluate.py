@@ -24,8 +24,13 @@ from kuberl.local.supervisor import Supervisor
 from kuberl_sandbox.local import free_port
 
 
-def served_policy_urls(job: RLJob, job_file: Path, policy: str, work_dir: Path, log: Callable[[str], None],
-                       ) -> tuple[Supervisor, list[str], Path]:  # fmt: skip
+def served_policy_urls(
+    job: RLJob,
+    job_file: Path,
+    policy: str,
+    work_dir: Path,
+    log: Callable[[str], None],
+) -> tuple[Supervisor, list[str], Path]:
     """Start one sandbox and one rollout server for `policy` (the learner is not started); returns the
     supervisor (stop it with `stop_all`), the rollout server's URLs and the sandbox root to remove."""
     ports = Ports([free_port()], [free_port()], free_port())
@@ -47,8 +52,15 @@ def served_policy_urls(job: RLJob, job_file: Path, policy: str, work_dir: Path, 
     return supervisor, [f"http://127.0.0.1:{p}" for p in ports.rollouts], sandbox_root
 
 
-def evaluate_policy(job: RLJob, job_file: Path, policy: str, tasks: Sequence[Task], episodes: int,
-                    work_dir: Path, log: Callable[[str], None] = print) -> dict:  # fmt: skip
+def evaluate_policy(
+    job: RLJob,
+    job_file: Path,
+    policy: str,
+    tasks: Sequence[Task],
+    episodes: int,
+    work_dir: Path,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Score `episodes` episodes per task of `policy`; returns the evaluation's summary (a JSON object)."""
     from kuberl_trainer.evaluation import evaluate
     from kuberl_trainer.rollout_client import RolloutClient
@@ -66,9 +78,11 @@ def evaluate_policy(job: RLJob, job_file: Path, policy: str, tasks: Sequence[Tas
 
 def summary_line(summary: dict) -> str:
     """One line a person reads: the solve rate first."""
-    return (f"held-out solve rate {summary['solve_rate']:.2f} ({summary['solved']}/{summary['episodes']} episodes "
-            f"of {summary['tasks']} tasks), reward {summary['reward_mean']:.3f}, submitted {summary['submitted']}, "
-            f"failed {summary['failed']}, {summary['seconds']:.0f}s")  # fmt: skip
+    return (
+        f"held-out solve rate {summary['solve_rate']:.2f} ({summary['solved']}/{summary['episodes']} episodes "
+        f"of {summary['tasks']} tasks), reward {summary['reward_mean']:.3f}, submitted {summary['submitted']}, "
+        f"failed {summary['failed']}, {summary['seconds']:.0f}s"
+    )
 
 
 def write_summary(summary: dict, path: Path) -> None:

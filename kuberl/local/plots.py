@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_learning_curve(lines: list[dict], out: Path, title: str,
-                        evaluations: dict[str, float] | None = None) -> Path | None:  # fmt: skip
+def plot_learning_curve(
+    lines: list[dict], out: Path, title: str, evaluations: dict[str, float] | None = None
+) -> Path | None:
     """Write `out` from metrics.jsonl lines; `evaluations` (name -> held-out solve rate, e.g. after warm-up
     and after RL) are drawn as horizontal lines. None when there is nothing to plot yet."""
     if not lines:
@@ -24,8 +25,9 @@ def plot_learning_curve(lines: list[dict], out: Path, title: str,
         ax.plot(x, [line["reward_mean"] for line in lines], label="reward (batch mean)", color="tab:blue")
         ax.plot(x, [line["solve_rate"] for line in lines], label="solve rate (trained groups)", color="tab:green")
         if all("drawn_solve_rate" in line for line in lines):  # dynamic sampling leaves groups out of the batch
-            ax.plot(x, [line["drawn_solve_rate"] for line in lines], label="solve rate (every episode)",
-                    color="tab:orange")  # fmt: skip
+            ax.plot(
+                x, [line["drawn_solve_rate"] for line in lines], label="solve rate (every episode)", color="tab:orange"
+            )
         for (name, value), style in zip((evaluations or {}).items(), ("--", ":", "-."), strict=False):
             ax.axhline(value, linestyle=style, color="gray", label=f"held-out solve rate {name}: {value:.2f}")
         ax.set_xlabel(label)

@@ -35,8 +35,16 @@ def local_replicas(job: RLJob) -> tuple[int, int, int]:
     return max(1, spec.sandbox.min_replicas), spec.rollout.replicas, spec.learner.replicas
 
 
-def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Ports, sandbox_token: str,
-         sandbox_root: Path, cpus: int) -> list[ProcessSpec]:  # fmt: skip
+def plan(
+    job: RLJob,
+    job_file: Path,
+    run_dir: Path,
+    model_path: str,
+    ports: Ports,
+    sandbox_token: str,
+    sandbox_root: Path,
+    cpus: int,
+) -> list[ProcessSpec]:
     """Sandbox servers, then rollout servers, then the learner (torchrun when it has several ranks).
     `sandbox_root` must be traversable by the sessions' own uids (e.g. a 0711 folder under /tmp)."""
     python = [sys.executable, "-m", "kuberl.cli"]
@@ -46,22 +54,67 @@ def plan(job: RLJob, job_file: Path, run_dir: Path, model_path: str, ports: Port
     spec = job.spec
     token = {env_vars.SANDBOX_TOKEN: sandbox_token}
     out = [
-        ProcessSpec(f"sandbox-{i}", "sandbox",
-                    [*python, "sandbox", "--host", "127.0.0.1", "--port", str(port), "--root",
-                     str(sandbox_root / str(i)), "--session-timeout", spec.sandbox.session.timeout,
-                     "--max-sessions", str(max(spec.sandbox.sessions_per_pod, spec.rollout.concurrent_sessions))],
-                    token, f"{sandbox_urls[i]}/readyz", logs / f"sandbox-{i}.log", f"{sandbox_urls[i]}/healthz")
+        ProcessSpec(
+            f"sandbox-{i}",
+            "sandbox",
+            [
+                *python,
+                "sandbox",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--root",
+                str(sandbox_root / str(i)),
+                "--session-timeout",
+                spec.sandbox.session.timeout,
+                "--max-sessions",
+                str(max(spec.sandbox.sessions_per_pod, spec.rollout.concurrent_sessions)),
+            ],
+            token,
+            f"{sandbox_urls[i]}/readyz",
+            logs / f"sandbox-{i}.log",
+            f"{sandbox_urls[i]}/healthz",
+        )
         for i, port in enumerate(ports.sandboxes)
-    ]  # fmt: skip
+    ]
     for i, port in enumerate(ports.rollouts):
-        argv = [*python, "rollout-server", str(job_file), "--host", "127.0.0.1", "--port", str(port),
-                "--model", model_path, *(a for url in sandbox_urls for a in ("--sandbox-url", url))]  # fmt: skip
+        argv = [
+            *python,
+            "rollout-server",
+            str(job_file),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            model_path,
+            *(a for url in sandbox_urls for a in ("--sandbox-url", url)),
+        ]
         env = {**token, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-        out.append(ProcessSpec(f"rollout-{i}", "rollout", argv, env, f"{rollout_urls[i]}/readyz",
-                               logs / f"rollout-{i}.log", f"{rollout_urls[i]}/healthz"))  # fmt: skip
+        out.append(
+            ProcessSpec(
+                f"rollout-{i}",
+                "rollout",
+                argv,
+                env,
+                f"{rollout_urls[i]}/readyz",
+                logs / f"rollout-{i}.log",
+                f"{rollout_urls[i]}/healthz",
+            )
+        )
     ranks = spec.learner.replicas
-    tail = ["learner", str(job_file), "--model", model_path, "--run-dir", str(run_dir), "--metrics-port",
-            str(ports.learner_metrics), *(a for url in rollout_urls for a in ("--rollout-url", url))]  # fmt: skip
+    tail = [
+        "learner",
+        str(job_file),
+        "--model",
+        model_path,
+        "--run-dir",
+        str(run_dir),
+        "--metrics-port",
+        str(ports.learner_metrics),
+        *(a for url in rollout_urls for a in ("--rollout-url", url)),
+    ]
     if ranks > 1:
         torchrun = str(Path(sys.executable).parent / "torchrun")
         argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
@@ -80,8 +133,10 @@ def prometheus_targets(job: RLJob, ports: Ports, job_metrics_port: int | None = 
     endpoints = [(f"sandbox-{i}", "sandbox", p) for i, p in enumerate(ports.sandboxes)]
     endpoints += [(f"rollout-{i}", "rollout", p) for i, p in enumerate(ports.rollouts)]
     endpoints.append(("learner", "learner", ports.learner_metrics))
-    targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {**ids, "tier": tier, "pod": name}}
-               for name, tier, port in endpoints]  # fmt: skip
+    targets = [
+        {"targets": [f"127.0.0.1:{port}"], "labels": {**ids, "tier": tier, "pod": name}}
+        for name, tier, port in endpoints
+    ]
     if job_metrics_port:
         targets.append({"targets": [f"127.0.0.1:{job_metrics_port}"], "labels": {"pod": "kuberl-run"}})
     return targets

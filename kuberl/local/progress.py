@@ -19,9 +19,11 @@ def progress_line(line: dict, total_steps: int, elapsed: float, seconds_per_step
     eta = None if seconds_per_step is None else seconds_per_step * max(0, total_steps - step)
     width = 20
     done = int(width * min(step, total_steps) / max(total_steps, 1))
-    return (f"[{'#' * done}{'.' * (width - done)}] step {step}/{total_steps} | reward {line['reward_mean']:.3f} | "
-            f"solve {line.get('drawn_solve_rate', line['solve_rate']):.0%} | {line['tokens_per_s']:.0f} tok/s | "
-            f"staleness {line.get('staleness_mean', 0.0):.1f} | {duration(elapsed)} | ETA {duration(eta)}")  # fmt: skip
+    return (
+        f"[{'#' * done}{'.' * (width - done)}] step {step}/{total_steps} | reward {line['reward_mean']:.3f} | "
+        f"solve {line.get('drawn_solve_rate', line['solve_rate']):.0%} | {line['tokens_per_s']:.0f} tok/s | "
+        f"staleness {line.get('staleness_mean', 0.0):.1f} | {duration(elapsed)} | ETA {duration(eta)}"
+    )
 
 
 class ProgressPrinter:

@@ -43,8 +43,12 @@ STOP_GRACE_S = 300.0  # a learner's final checkpoint of a large model takes a wh
 TARGETS_FILE = "prometheus_targets.json"
 _LEARNER_STEP_LIMITS = frozenset({Reason.COMPLETED, Reason.MAX_STEPS_REACHED})
 # The reason of each phase the runner itself is in (a stopped job's reason is its Stop's).
-_RUNNER_REASONS = {Phase.PENDING: Reason.CREATED, Phase.INITIALIZING: Reason.CREATING_WORKERS,
-                   Phase.RUNNING: Reason.TRAINING, Phase.RECOVERING: Reason.WORKER_LOST}  # fmt: skip
+_RUNNER_REASONS = {
+    Phase.PENDING: Reason.CREATED,
+    Phase.INITIALIZING: Reason.CREATING_WORKERS,
+    Phase.RUNNING: Reason.TRAINING,
+    Phase.RECOVERING: Reason.WORKER_LOST,
+}
 
 
 class RunError(RuntimeError):
@@ -88,15 +92,21 @@ class RunMetrics:
         self.jobs = JobMetrics(self.registry)
         self.server, _ = start_http_server(port, address, registry=self.registry)
 
-    def publish(self, phase: Phase, running_s: float, supervisor: Supervisor | None = None,
-                stop: Stop | None = None) -> None:  # fmt: skip
+    def publish(
+        self, phase: Phase, running_s: float, supervisor: Supervisor | None = None, stop: Stop | None = None
+    ) -> None:
         """The job's status now: the learner's report with the runner's phase (a stop's phase and reason)."""
         try:
             status = RLJobStatus.model_validate(_learner_status(self.run_dir))
         except ValidationError:  # an older learner's file; its step is not worth failing the run for
             status = RLJobStatus()
-        update = {"phase": phase, "reason": _RUNNER_REASONS.get(phase), "message": None, "running_seconds": running_s,
-                  "sandbox_replicas": self.sandboxes}  # fmt: skip
+        update = {
+            "phase": phase,
+            "reason": _RUNNER_REASONS.get(phase),
+            "message": None,
+            "running_seconds": running_s,
+            "sandbox_replicas": self.sandboxes,
+        }
         if stop is not None:
             update.update(phase=stop.phase, reason=stop.reason, message=stop.message)
         if supervisor is not None:
@@ -104,8 +114,11 @@ class RunMetrics:
             for name, managed in supervisor.managed.items():
                 if supervisor.running(name):
                     ready[managed.spec.tier] += self.learner_ranks if managed.spec.tier == "learner" else 1
-            update.update(restarts=PerTier(**supervisor.restarts), ready_workers=PerTier(**ready),
-                          preemptions=sum(supervisor.preemptions.values()))  # fmt: skip
+            update.update(
+                restarts=PerTier(**supervisor.restarts),
+                ready_workers=PerTier(**ready),
+                preemptions=sum(supervisor.preemptions.values()),
+            )
         self.jobs.observe(self.namespace, self.name, status.model_copy(update=update), self.spec)
 
     def close(self) -> None:
@@ -113,11 +126,19 @@ class RunMetrics:
         self.server.server_close()
 
 
-def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: bool = False,
-            out: ProgressPrinter | None = None, on_step: Callable[[dict, Supervisor], None] | None = None,
-            warm_up: Callable[[str, str, str, str], str] | None = None,
-            evaluate: Callable[[list[str]], float] | None = None, metrics_port: int | None = None,
-            metrics_linger_s: float = 0.0) -> RunRecord:  # fmt: skip
+def run_job(
+    job: RLJob,
+    job_file: Path,
+    run_dir: Path,
+    model_path: str,
+    resume: bool = False,
+    out: ProgressPrinter | None = None,
+    on_step: Callable[[dict, Supervisor], None] | None = None,
+    warm_up: Callable[[str, str, str, str], str] | None = None,
+    evaluate: Callable[[list[str]], float] | None = None,
+    metrics_port: int | None = None,
+    metrics_linger_s: float = 0.0,
+) -> RunRecord:
     """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
     line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
     token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder.
@@ -127,8 +148,10 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
     out = out or ProgressPrinter()
     record_file = run_dir / "job.json"
     if (record_file.exists() or (run_dir / "metrics.jsonl").exists()) and not resume:
-        raise RunError(f"{run_dir} holds a previous run of {job.name}: continue it with `kuberl run --resume`, "
-                       f"or move the folder away to start over")  # fmt: skip
+        raise RunError(
+            f"{run_dir} holds a previous run of {job.name}: continue it with `kuberl run --resume`, "
+            f"or move the folder away to start over"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     record = RunRecord.load(record_file) if record_file.exists() else RunRecord(job.name)
     record.runs += 1
@@ -180,15 +203,19 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
             learner = next(s for s in specs if s.tier == "learner")
             learner.env[env_vars.JOB_STARTED_AT] = str(job_started_at)
             supervisor.start(learner.name)
-            out.message(f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
-                        f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}")  # fmt: skip
+            out.message(
+                f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
+                f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}"
+            )
             stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step, publish)
             publish(stop.phase, supervisor, stop)
             if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
                 out.message("evaluating the held-out tasks after RL ...")
                 record.evaluations["after RL"] = evaluate(urls)
-                out.message(f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
-                            f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})")  # fmt: skip
+                out.message(
+                    f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
+                    f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})"
+                )
         except RetryBudgetExhausted as err:
             stop = Stop(phase_for(Reason.RETRY_BUDGET_EXHAUSTED), Reason.RETRY_BUDGET_EXHAUSTED, str(err))
         finally:
@@ -206,8 +233,9 @@ def run_job(job: RLJob, job_file: Path, run_dir: Path, model_path: str, resume: 
                 record.reason = str(stop.reason) if stop.reason else None
             record.step = _learner_status(run_dir).get("step", record.step)
             record.save(record_file)
-            plot_learning_curve(_lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve",
-                                record.evaluations)  # fmt: skip
+            plot_learning_curve(
+                _lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve", record.evaluations
+            )
             if metrics is not None and stop is not None:
                 publish(stop.phase, supervisor, stop)  # with the ready processes at zero
                 time.sleep(metrics_linger_s)  # the final status stays up for a last scrape
@@ -230,8 +258,17 @@ def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter
         return warm_up(model_path, str(warmed), sandbox.url, sandbox.token)
 
 
-def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecord, started: float,
-             stop_requested: list[str], out: ProgressPrinter, on_step, publish) -> Stop:  # fmt: skip
+def _monitor(
+    job: RLJob,
+    run_dir: Path,
+    supervisor: Supervisor,
+    record: RunRecord,
+    started: float,
+    stop_requested: list[str],
+    out: ProgressPrinter,
+    on_step,
+    publish,
+) -> Stop:
     """Watch the learner until it stops (or a breaker or a signal stops it); `publish(phase, supervisor)`
     is told the job's phase on every poll (Recovering while a crashed process waits to restart)."""
     limits = job.spec.limits
@@ -247,8 +284,9 @@ def _monitor(job: RLJob, run_dir: Path, supervisor: Supervisor, record: RunRecor
                 if breaker is not None:
                     return breaker
                 phase = status.get("phase", str(Phase.STOPPED))
-                return Stop(Phase(phase), Reason(status["reason"]) if status.get("reason") else None,
-                            status.get("message", ""))  # fmt: skip
+                return Stop(
+                    Phase(phase), Reason(status["reason"]) if status.get("reason") else None, status.get("message", "")
+                )
         lines = _lines(run_dir)
         for line in lines[seen:]:
             last_progress = time.monotonic()

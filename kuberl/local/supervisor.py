@@ -51,8 +51,13 @@ class Supervisor:
         m = self.managed[name]
         m.spec.log.parent.mkdir(parents=True, exist_ok=True)
         with m.spec.log.open("a") as out:
-            m.proc = subprocess.Popen(m.spec.argv, env={**os.environ, **m.spec.env}, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            m.proc = subprocess.Popen(
+                m.spec.argv,
+                env={**os.environ, **m.spec.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         m.restart_at, m.finished, m.live_failures = None, False, 0
         m.next_probe = time.monotonic() + LIVENESS_PERIOD_S
         self._event(name, "started", pid=m.proc.pid)
@@ -131,8 +136,10 @@ class Supervisor:
     def _schedule_restart(self, m: Managed, why: str) -> None:
         self.restarts[m.spec.tier] += 1
         if sum(self.restarts.values()) > self.retry_budget:
-            raise RetryBudgetExhausted(f"{m.spec.name} {why}; {sum(self.restarts.values())} restarts exceed "
-                                       f"limits.retryBudget ({self.retry_budget}); see {m.spec.log}")  # fmt: skip
+            raise RetryBudgetExhausted(
+                f"{m.spec.name} {why}; {sum(self.restarts.values())} restarts exceed "
+                f"limits.retryBudget ({self.retry_budget}); see {m.spec.log}"
+            )
         delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2**m.failures)
         m.failures += 1
         m.restart_at = time.monotonic() + delay

@@ -36,8 +36,10 @@ def _corpus(tasks: int, seed: int) -> list[str]:
     # unittest's report frames every failure with 70-character rules: without merges for them each rule
     # was 70 tokens, over half of an episode's tokens
     rules = ("=" * 70, "-" * 70)
-    texts += [f"{rules[0]}\nFAIL: test_x (test_m.TestM.test_x)\n{rules[1]}\nTraceback (most recent call last):\n"
-              f"\n{rules[1]}\nRan 3 tests\n\nFAILED (failures=1)\n[2/3 tests passed]"] * 50  # fmt: skip
+    texts += [
+        f"{rules[0]}\nFAIL: test_x (test_m.TestM.test_x)\n{rules[1]}\nTraceback (most recent call last):\n"
+        f"\n{rules[1]}\nRan 3 tests\n\nFAILED (failures=1)\n[2/3 tests passed]"
+    ] * 50
     return texts
 
 

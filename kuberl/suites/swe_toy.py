@@ -481,15 +481,24 @@ def _visible_tests(module: Module, cases: dict[str, list[Case]]) -> str:
 def _check(module: Module, function: Function, case: Case, test_id: str, message: str | None = None) -> CallCheck:
     if json.loads(json.dumps([list(case.args), case.expected])) != [list(case.args), case.expected]:
         raise RuntimeError(f"{function.name}{case.args!r} -> {case.expected!r} is not plain JSON: no oracle check")
-    return CallCheck(test_id=test_id, module=module.name, function=function.name, args=list(case.args),
-                     expected=case.expected, message=message)  # fmt: skip
+    return CallCheck(
+        test_id=test_id,
+        module=module.name,
+        function=function.name,
+        args=list(case.args),
+        expected=case.expected,
+        message=message,
+    )
 
 
 def _visible_checks(module: Module, cases: dict[str, list[Case]]) -> list[CallCheck]:
     """The visible tests as oracle checks, with the assertion messages the test file has."""
     test_class = f"test_{module.name}.Test{_class_name(module.name)}"
-    return [_check(module, f, c, f"{test_class}.test_{f.name}", _expectation(f, module))
-            for f in module.functions for c in cases[f.name]]  # fmt: skip
+    return [
+        _check(module, f, c, f"{test_class}.test_{f.name}", _expectation(f, module))
+        for f in module.functions
+        for c in cases[f.name]
+    ]
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,11 @@ def contains(existing: Any, desired: Any) -> bool:
     if isinstance(desired, dict):
         return isinstance(existing, dict) and all(contains(existing.get(k), v) for k, v in desired.items())
     if isinstance(desired, list):
-        return (isinstance(existing, list) and len(existing) == len(desired)
-                and all(contains(e, d) for e, d in zip(existing, desired, strict=True)))  # fmt: skip
+        return (
+            isinstance(existing, list)
+            and len(existing) == len(desired)
+            and all(contains(e, d) for e, d in zip(existing, desired, strict=True))
+        )
     return existing == desired
 
 

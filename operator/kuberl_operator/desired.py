@@ -67,20 +67,26 @@ def render_warnings(job: RLJob) -> list[str]:
     spec = job.spec
     out = []
     if not (spec.checkpoint.uri or "").startswith("s3://"):
-        out.append(f"spec.checkpoint.uri: {spec.checkpoint.uri or 'unset'}: the operator needs an s3:// URI; "
-                   f"checkpoints written inside a learner pod are lost when it restarts")  # fmt: skip
+        out.append(
+            f"spec.checkpoint.uri: {spec.checkpoint.uri or 'unset'}: the operator needs an s3:// URI; "
+            f"checkpoints written inside a learner pod are lost when it restarts"
+        )
     if not spec.model.uri.startswith("s3://"):
         out.append(
             f"spec.model.uri: {spec.model.uri}: not s3://, so it must exist inside the learner and rollout images"
         )
     learner_gpus = _whole(spec.learner.resources.limits.get(GPU))
     if learner_gpus is not None and learner_gpus > 1:
-        out.append(f"spec.learner.resources.limits['{GPU}']: {learner_gpus}, but a learner pod runs one rank on one "
-                   f"GPU; raise spec.learner.replicas instead")  # fmt: skip
+        out.append(
+            f"spec.learner.resources.limits['{GPU}']: {learner_gpus}, but a learner pod runs one rank on one "
+            f"GPU; raise spec.learner.replicas instead"
+        )
     rollout_gpus = _whole(spec.rollout.resources.limits.get(GPU))
     if rollout_gpus is not None and rollout_gpus < spec.rollout.engine.tensor_parallel_size:
-        out.append(f"spec.rollout.resources.limits['{GPU}']: {rollout_gpus}, fewer than "
-                   f"spec.rollout.engine.tensorParallelSize ({spec.rollout.engine.tensor_parallel_size})")  # fmt: skip
+        out.append(
+            f"spec.rollout.resources.limits['{GPU}']: {rollout_gpus}, fewer than "
+            f"spec.rollout.engine.tensorParallelSize ({spec.rollout.engine.tensor_parallel_size})"
+        )
     return out
 
 

@@ -127,14 +127,18 @@ def emulated_api_server() -> Iterator[str]:
         async with _emulator() as emulator, kmock.Server(emulator) as server:
             emulator.resources.load_bundled()
             emulator.resources[RLJOB_RESOURCE] = kmock.ResourceInfo(
-                kind="RLJob", namespaced=True, subresources={"status"},
+                kind="RLJob",
+                namespaced=True,
+                subresources={"status"},
                 verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
-            )  # fmt: skip
+            )
             # Kueue's Workload, for queued jobs (the tests play Kueue, admitting and evicting)
             emulator.resources[WORKLOAD_RESOURCE] = kmock.ResourceInfo(
-                kind="Workload", namespaced=True, subresources={"status"},
+                kind="Workload",
+                namespaced=True,
+                subresources={"status"},
                 verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
-            )  # fmt: skip
+            )
             box["url"], box["stop"], box["loop"] = str(server.url), asyncio.Event(), asyncio.get_running_loop()
             started.set()
             await box["stop"].wait()
@@ -152,12 +156,20 @@ def emulated_api_server() -> Iterator[str]:
 
 def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
     """A kubeconfig for `url` (the emulator accepts any token)."""
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": url.rstrip("/")}}],
-        "users": [{"name": "kmock", "user": {"token": "test"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": namespace}}],
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": url.rstrip("/")}}],
+                "users": [{"name": "kmock", "user": {"token": "test"}}],
+                "contexts": [
+                    {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": namespace}}
+                ],
+            }
+        )
+    )
     return path
 
 

@@ -142,8 +142,11 @@ def observe(body: kopf.Body, memo: kopf.Memo, pods_by_job: kopf.Index, logger: k
     with metrics.timed("observe"), _lock(body):
         nodes = {name: info for name, (info, *_) in kwargs.get("nodes_by_name", {}).items()}
         status = reconcile.drive(kube(), dict(body), pods, memory, _now(), _poster(body, logger), nodes)
-        if (wanted := reconcile.autoscale_sandbox(kube(), dict(body), pods, memory, _poster(body, logger),
-                                                  time.monotonic())) is not None:  # fmt: skip
+        if (
+            wanted := reconcile.autoscale_sandbox(
+                kube(), dict(body), pods, memory, _poster(body, logger), time.monotonic()
+            )
+        ) is not None:
             status = status.model_copy(update={"sandbox_replicas": wanted})
     _export(body, status)
 

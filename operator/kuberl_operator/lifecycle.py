@@ -136,11 +136,13 @@ def _metered(status: RLJobStatus, observed: Observed) -> RLJobStatus:
     by_tier, spot = status.gpu_hours_by_tier, status.spot_gpu_hours_by_tier
     update: dict[str, object] = {
         "gpu_hours": status.gpu_hours + observed.gpus_in_use * hours,
-        "gpu_hours_by_tier": by_tier.model_copy(update={
-            t: getattr(by_tier, t) + observed.gpus_by_tier.get(t, 0.0) * hours for t in TIERS}),
-        "spot_gpu_hours_by_tier": spot.model_copy(update={
-            t: getattr(spot, t) + observed.spot_gpus_by_tier.get(t, 0.0) * hours for t in TIERS}),
-    }  # fmt: skip
+        "gpu_hours_by_tier": by_tier.model_copy(
+            update={t: getattr(by_tier, t) + observed.gpus_by_tier.get(t, 0.0) * hours for t in TIERS}
+        ),
+        "spot_gpu_hours_by_tier": spot.model_copy(
+            update={t: getattr(spot, t) + observed.spot_gpus_by_tier.get(t, 0.0) * hours for t in TIERS}
+        ),
+    }
     if status.phase in _CLOCK_PHASES:
         update["running_seconds"] = status.running_seconds + seconds
     return status.model_copy(update=update)
@@ -182,8 +184,14 @@ def _workers(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
         setattr(restarts, tier, getattr(restarts, tier) + len(state.failed))
         preemptions += len(state.disrupted)
         actions.append(Action(ActionKind.REPLACE_PODS, tier, lost))
-        events.append(Event("Warning", "WorkerReplaced", f"replacing {tier} pod(s) {', '.join(lost)}"
-                            f"{' (preempted)' if state.disrupted else ''}; the learner keeps training"))  # fmt: skip
+        events.append(
+            Event(
+                "Warning",
+                "WorkerReplaced",
+                f"replacing {tier} pod(s) {', '.join(lost)}"
+                f"{' (preempted)' if state.disrupted else ''}; the learner keeps training",
+            )
+        )
     learner_lost = bool(learner.failed or learner.disrupted)
     if learner.failed:
         restarts.learner += 1
@@ -193,9 +201,14 @@ def _workers(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
     exhausted = [t for t in TIERS if getattr(restarts, t) > budget]
     if exhausted:
         tier = exhausted[0]
-        return _finish(status, now, Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED,
-                       f"{getattr(restarts, tier)} {tier} restarts, limits.retryBudget is {budget}",
-                       events=tuple(events))  # fmt: skip
+        return _finish(
+            status,
+            now,
+            Phase.FAILED,
+            Reason.RETRY_BUDGET_EXHAUSTED,
+            f"{getattr(restarts, tier)} {tier} restarts, limits.retryBudget is {budget}",
+            events=tuple(events),
+        )
     if learner_lost:
         reason = Reason.WORKER_LOST if learner.failed else Reason.PREEMPTED
         pods = learner.failed + learner.disrupted
@@ -207,8 +220,9 @@ def _workers(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
     if status.phase in (Phase.INITIALIZING, Phase.RECOVERING) and _all_ready(observed.tiers):
         started = status.start_time or now
         status = status.model_copy(update={"start_time": started})
-        return _enter(status, now, Phase.RUNNING, Reason.TRAINING, "every tier is ready; training",
-                      tuple(actions), tuple(events))  # fmt: skip
+        return _enter(
+            status, now, Phase.RUNNING, Reason.TRAINING, "every tier is ready; training", tuple(actions), tuple(events)
+        )
     return Decision(status, tuple(actions), tuple(events))
 
 
@@ -216,8 +230,15 @@ def _all_ready(tiers: Mapping[str, TierState]) -> bool:
     return all(tiers[t].ready >= tiers[t].desired for t in TIERS if t in tiers) and LEARNER in tiers
 
 
-def _enter(status: RLJobStatus, now: datetime, phase: Phase, reason: Reason, message: str,
-           actions: tuple[Action, ...] = (), events: tuple[Event, ...] = ()) -> Decision:  # fmt: skip
+def _enter(
+    status: RLJobStatus,
+    now: datetime,
+    phase: Phase,
+    reason: Reason,
+    message: str,
+    actions: tuple[Action, ...] = (),
+    events: tuple[Event, ...] = (),
+) -> Decision:
     """A transition: the phase, its reason and conditions, and an event saying so."""
     kind = "Warning" if phase in (Phase.RECOVERING, Phase.FAILED) else "Normal"
     conditions = set_condition(status.conditions, "Ready", phase == Phase.RUNNING, reason, message, now)
@@ -226,15 +247,17 @@ def _enter(status: RLJobStatus, now: datetime, phase: Phase, reason: Reason, mes
     return Decision(new, actions, (*events, Event(kind, str(reason), f"{phase}: {message}")))
 
 
-def _finish(status: RLJobStatus, now: datetime, phase: Phase, reason: Reason, message: str,
-            events: tuple[Event, ...] = ()) -> Decision:  # fmt: skip
+def _finish(
+    status: RLJobStatus, now: datetime, phase: Phase, reason: Reason, message: str, events: tuple[Event, ...] = ()
+) -> Decision:
     """A terminal transition: every tier to zero (the learner checkpoints on the way down)."""
     done = _enter(status.model_copy(update={"completion_time": now}), now, phase, reason, message, events=events)
     return Decision(done.status, (Action(ActionKind.SCALE_TO_ZERO),), done.events)
 
 
-def set_condition(conditions: list[Condition], type_: str, holds: bool, reason: str | Reason, message: str,
-                  now: datetime) -> list[Condition]:  # fmt: skip
+def set_condition(
+    conditions: list[Condition], type_: str, holds: bool, reason: str | Reason, message: str, now: datetime
+) -> list[Condition]:
     """Conditions with `type_` set; its transition time moves only when its status flips."""
     status = "True" if holds else "False"
     old = next((c for c in conditions if c.type == type_), None)

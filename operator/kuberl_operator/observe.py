@@ -100,8 +100,10 @@ def gpus_by_tier(
         tier = ((pod.get("metadata") or {}).get("labels") or {}).get(TIER_LABEL)
         if tier not in total or (pod.get("status") or {}).get("phase") != "Running":
             continue
-        gpus = sum(float(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0) or 0)
-                   for c in (pod.get("spec") or {}).get("containers") or [])  # fmt: skip
+        gpus = sum(
+            float(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0) or 0)
+            for c in (pod.get("spec") or {}).get("containers") or []
+        )
         total[tier] += gpus
         node = nodes.get((pod.get("spec") or {}).get("nodeName") or "")
         if node is not None and node.spot:

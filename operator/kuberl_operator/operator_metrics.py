@@ -17,13 +17,18 @@ HANDLERS = ("create", "apply", "observe", "delete")
 registry = CollectorRegistry(auto_describe=True)
 jobs = JobMetrics(registry)
 reconcile_seconds = Histogram(
-    "kuberl_operator_reconcile_duration_seconds", "Seconds one handler run took, by handler.", ["handler"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=registry,
-)  # fmt: skip
+    "kuberl_operator_reconcile_duration_seconds",
+    "Seconds one handler run took, by handler.",
+    ["handler"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=registry,
+)
 reconcile_errors = Counter(
-    "kuberl_operator_reconcile_errors_total", "Handler runs that raised (kopf retries them), by handler.",
-    ["handler"], registry=registry,
-)  # fmt: skip
+    "kuberl_operator_reconcile_errors_total",
+    "Handler runs that raised (kopf retries them), by handler.",
+    ["handler"],
+    registry=registry,
+)
 for _handler in HANDLERS:
     reconcile_seconds.labels(_handler)
     reconcile_errors.labels(_handler)

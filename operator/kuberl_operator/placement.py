@@ -19,15 +19,17 @@ SPOT_NODE_LABELS = (
 
 # Taints that announce a node is about to go (a spot reclaim, a scale-down, a drain): the operator treats its
 # pods as preempted before the node goes, so the learner checkpoints and rollout work moves in good time.
-PREEMPTION_NOTICE_TAINTS = frozenset({
-    "cloud.google.com/impending-node-termination",  # GKE, on a spot/preemptible reclaim
-    "aws-node-termination-handler/spot-itn",  # AWS node termination handler, spot interruption notice
-    "aws-node-termination-handler/rebalance-recommendation",
-    "karpenter.sh/disrupted",  # Karpenter v1 (karpenter.sh/disruption in v0.3x) before it drains a node
-    "karpenter.sh/disruption",
-    "ToBeDeletedByClusterAutoscaler",  # the cluster autoscaler, before it removes a node
-    "node.kubernetes.io/out-of-service",
-})  # fmt: skip
+PREEMPTION_NOTICE_TAINTS = frozenset(
+    {
+        "cloud.google.com/impending-node-termination",  # GKE, on a spot/preemptible reclaim
+        "aws-node-termination-handler/spot-itn",  # AWS node termination handler, spot interruption notice
+        "aws-node-termination-handler/rebalance-recommendation",
+        "karpenter.sh/disrupted",  # Karpenter v1 (karpenter.sh/disruption in v0.3x) before it drains a node
+        "karpenter.sh/disruption",
+        "ToBeDeletedByClusterAutoscaler",  # the cluster autoscaler, before it removes a node
+        "node.kubernetes.io/out-of-service",
+    }
+)
 
 # Taints clouds put on spot nodes (AKS always; GKE when asked to); a pod allowed on spot tolerates them.
 SPOT_TOLERATIONS = (

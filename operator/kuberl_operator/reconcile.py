@@ -63,15 +63,28 @@ def post_event(kube: Kube, body: dict[str, Any], event: Event, now: datetime) ->
     the server's generateName (which API emulators lack)."""
     meta = body["metadata"]
     stamp = now.isoformat().replace("+00:00", "Z")
-    kube.create({
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta.get("uid")},
-        "type": event.type, "reason": event.reason, "message": event.message[:1024],
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
-    })  # fmt: skip
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "source": {"component": MANAGED_BY},
+            "reportingComponent": MANAGED_BY,
+        }
+    )
 
 
 def fresh(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
@@ -132,11 +145,16 @@ def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: da
     old = current_status(body)
     if old.phase == Phase.FAILED and old.reason == Reason.INVALID_SPEC:
         return old
-    problems = "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" if e["loc"][:1] == ("spec",)
-                         else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())  # fmt: skip
+    problems = "; ".join(
+        f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}"
+        if e["loc"][:1] == ("spec",)
+        else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+        for e in err.errors()
+    )
     message = f"invalid RLJob: {problems}"[:32768]
-    new = old.model_copy(update={"phase": Phase.FAILED, "reason": Reason.INVALID_SPEC, "message": message,
-                                 "completion_time": now})  # fmt: skip
+    new = old.model_copy(
+        update={"phase": Phase.FAILED, "reason": Reason.INVALID_SPEC, "message": message, "completion_time": now}
+    )
     write_status(kube, body, old, new)
     post(Event("Warning", str(Reason.INVALID_SPEC), message))
     return new
@@ -151,8 +169,10 @@ def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, 
     applied = None if new else applied_spec(kube.get(config_map_path(job, namespace)))
     refused = unsafe_changes(applied, job.spec) if applied is not None and old.phase != Phase.PENDING else []
     if refused:
-        message = (f"{', '.join(refused)} cannot change once the job has started (the checkpoints belong to "
-                   f"the applied ones); revert the change or create a new RLJob")  # fmt: skip
+        message = (
+            f"{', '.join(refused)} cannot change once the job has started (the checkpoints belong to "
+            f"the applied ones); revert the change or create a new RLJob"
+        )
     else:
         message = "the spec is applied"
     if refused or any(c.type == SPEC_CHANGE_REFUSED for c in old.conditions):
@@ -229,13 +249,26 @@ def autoscale_sandbox(
     current = ((kube.get(deployment) or {}).get("spec") or {}).get("replicas")
     if not isinstance(current, int):
         return None  # no Deployment yet
-    rec = recommend(demand, current, min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
-                    sessions_per_pod=spec.sessions_per_pod, now=clock, state=memory.scaler)  # fmt: skip
+    rec = recommend(
+        demand,
+        current,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        sessions_per_pod=spec.sessions_per_pod,
+        now=clock,
+        state=memory.scaler,
+    )
     memory.scaler = rec.state
     if rec.replicas != current:
         kube.patch(deployment, {"spec": {"replicas": rec.replicas}})
-        post(Event("Normal", "SandboxScaled", f"sandbox pods {current} -> {rec.replicas} ({rec.reason}): "
-                   f"{demand.sessions_wanted} sessions wanted, {spec.sessions_per_pod} per pod"))  # fmt: skip
+        post(
+            Event(
+                "Normal",
+                "SandboxScaled",
+                f"sandbox pods {current} -> {rec.replicas} ({rec.reason}): "
+                f"{demand.sessions_wanted} sessions wanted, {spec.sessions_per_pod} per pod",
+            )
+        )
     if status.sandbox_replicas != rec.replicas:
         kube.patch(
             rljob_path(meta["namespace"], meta["name"]) + "/status", {"status": {"sandboxReplicas": rec.replicas}}

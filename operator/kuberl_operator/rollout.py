@@ -62,8 +62,19 @@ def build_rollout_statefulset(
     """The same `kuberl rollout-server JOB.yaml` as `kuberl run`. Ready on /readyz once the engine holds
     weights; a startup probe covers downloading and loading a large model before liveness applies."""
     volumes, mounts = workload_volumes(job)
-    argv = ["python", "-m", "kuberl.cli", "rollout-server", JOB_FILE, "--host", "0.0.0.0", "--port", str(ROLLOUT_PORT),
-            "--sandbox-url", sandbox_url(job, namespace)]  # fmt: skip
+    argv = [
+        "python",
+        "-m",
+        "kuberl.cli",
+        "rollout-server",
+        JOB_FILE,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ROLLOUT_PORT),
+        "--sandbox-url",
+        sandbox_url(job, namespace),
+    ]
     container = {
         "name": ROLLOUT,
         "image": job.spec.rollout.image,
@@ -88,6 +99,11 @@ def build_rollout_statefulset(
     }
     # servers are independent: all load their models at once; a rolling update replaces one at a time
     return parallel_statefulset(
-        job, ROLLOUT, namespace, owner, replicas=rollout_replicas(job), update_strategy="RollingUpdate",
+        job,
+        ROLLOUT,
+        namespace,
+        owner,
+        replicas=rollout_replicas(job),
+        update_strategy="RollingUpdate",
         pod_spec=pod_spec,
-    )  # fmt: skip
+    )

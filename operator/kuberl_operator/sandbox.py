@@ -64,9 +64,22 @@ def build_sandbox_deployment(
     security.sandbox_container_security_context; `security` defaults to the operator's environment."""
     spec = job.spec.sandbox
     security = security or SandboxPodSecurity.from_env()
-    argv = ["python", "-m", "kuberl.cli", "sandbox", "--host", "0.0.0.0", "--port", str(SANDBOX_PORT),
-            "--root", SESSIONS_DIR, "--session-timeout", spec.session.timeout,
-            "--max-sessions", str(sandbox_max_sessions(job))]  # fmt: skip
+    argv = [
+        "python",
+        "-m",
+        "kuberl.cli",
+        "sandbox",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SANDBOX_PORT),
+        "--root",
+        SESSIONS_DIR,
+        "--session-timeout",
+        spec.session.timeout,
+        "--max-sessions",
+        str(sandbox_max_sessions(job)),
+    ]
     container = {
         "name": SANDBOX,
         "image": spec.image,
@@ -127,19 +140,30 @@ def build_sandbox_hpa(job: RLJob, namespace: str, owner: dict[str, Any] | None) 
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": child_name(job, SANDBOX)},
             "minReplicas": max(1, spec.min_replicas),  # an HPA cannot hold zero pods
             "maxReplicas": spec.max_replicas,
-            "metrics": [{
-                "type": "External",
-                "external": {
-                    "metric": {"name": SESSIONS_WANTED_METRIC, "selector": {"matchLabels": {"rljob": job.name}}},
-                    "target": {"type": "AverageValue", "averageValue": f"{per_pod_milli}m"},
-                },
-            }],
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {"name": SESSIONS_WANTED_METRIC, "selector": {"matchLabels": {"rljob": job.name}}},
+                        "target": {"type": "AverageValue", "averageValue": f"{per_pod_milli}m"},
+                    },
+                }
+            ],
             "behavior": {
-                "scaleUp": {"stabilizationWindowSeconds": 0,
-                            "policies": [{"type": "Percent", "value": 1000, "periodSeconds": 15}]},
-                "scaleDown": {"stabilizationWindowSeconds": int(policy.scale_down_window_s),
-                              "policies": [{"type": "Percent", "value": int(100 * policy.scale_down_max_fraction),
-                                            "periodSeconds": int(policy.scale_down_period_s)}]},
+                "scaleUp": {
+                    "stabilizationWindowSeconds": 0,
+                    "policies": [{"type": "Percent", "value": 1000, "periodSeconds": 15}],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": int(policy.scale_down_window_s),
+                    "policies": [
+                        {
+                            "type": "Percent",
+                            "value": int(100 * policy.scale_down_max_fraction),
+                            "periodSeconds": int(policy.scale_down_period_s),
+                        }
+                    ],
+                },
             },
         },
-    }  # fmt: skip
+    }

@@ -133,9 +133,13 @@ class Agent:
                 return
             t0 = time.monotonic()
             generation = await self.engine.generate(
-                record.token_ids, max_tokens=budget, temperature=self.limits.temperature, top_p=self.limits.top_p,
-                stop_token_ids=[eos], seed=None if seed is None else seed + turn,
-            )  # fmt: skip
+                record.token_ids,
+                max_tokens=budget,
+                temperature=self.limits.temperature,
+                top_p=self.limits.top_p,
+                stop_token_ids=[eos],
+                seed=None if seed is None else seed + turn,
+            )
             self._timed(timings, "generate", time.monotonic() - t0)
             start = len(record.token_ids)
             record.add_generated(generation.token_ids, generation.logprobs, generation.versions)
@@ -167,8 +171,9 @@ class Agent:
                 state["finish"] = FinishReason.MAX_TOKENS
                 return
             record.add_observation(observation_ids)
-            record.turns.append(Turn(start=start, action_end=action_end, end=len(record.token_ids), reward=reward,
-                                     tool=tool))  # fmt: skip
+            record.turns.append(
+                Turn(start=start, action_end=action_end, end=len(record.token_ids), reward=reward, tool=tool)
+            )
 
     def _messages(self, observation: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": observation}]

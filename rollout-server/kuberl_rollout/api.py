@@ -185,8 +185,9 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         except LocalCopyError as err:
             raise WorkError(400, str(err)) from None
         started = time.monotonic()
-        await s.service.switch_policy(lambda: engine.load_weights(folder, body.version, s.update_mode),
-                                      s.partial_rollouts)  # fmt: skip
+        await s.service.switch_policy(
+            lambda: engine.load_weights(folder, body.version, s.update_mode), s.partial_rollouts
+        )
         s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
         s.metrics.policy_version.set(body.version)
         return {"version": body.version, "applied": True}
@@ -208,10 +209,14 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         )
         s.metrics.generated_tokens.inc(len(gen.token_ids))
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        choice = {"index": 0, "text": text, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
-                  "policy_versions": gen.versions,
-                  "logprobs": {"tokens": [tokenizer.decode([t]) for t in gen.token_ids],
-                               "token_logprobs": gen.logprobs}}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": gen.finish_reason,
+            "token_ids": gen.token_ids,
+            "policy_versions": gen.versions,
+            "logprobs": {"tokens": [tokenizer.decode([t]) for t in gen.token_ids], "token_logprobs": gen.logprobs},
+        }
         return _openai("text_completion", s.model_name, prompt_ids, gen.token_ids, choice)
 
     @app.post("/v1/chat/completions")
@@ -232,10 +237,19 @@ def create_app(build_state, shutdown=None) -> FastAPI:
         if not isinstance(parsed, ParseError):
             function = {"name": parsed.name, "arguments": json.dumps(parsed.arguments)}
             message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function", "function": function}]
-        choice = {"index": 0, "message": message, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
-                  "policy_versions": gen.versions,
-                  "logprobs": {"content": [{"token": chat.tokenizer.decode([t]), "logprob": lp}
-                                           for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)]}}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": gen.finish_reason,
+            "token_ids": gen.token_ids,
+            "policy_versions": gen.versions,
+            "logprobs": {
+                "content": [
+                    {"token": chat.tokenizer.decode([t]), "logprob": lp}
+                    for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
+                ]
+            },
+        }
         return _openai("chat.completion", s.model_name, prompt_ids, gen.token_ids, choice)
 
     return app

@@ -72,8 +72,7 @@ class RolloutEngine:
         if not _has_cuda():
             # vLLM 0.32 on CPU cannot roll back a seeded request's generator after a partial prefill
             # ("CPU Generator does not use offset"): prefill whole prompts in one step instead
-            chunking = {"enable_chunked_prefill": False,
-                        "max_num_batched_tokens": max(self.config.max_model_len, 8192)}  # fmt: skip
+            chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(self.config.max_model_len, 8192)}
         args = AsyncEngineArgs(
             model=self.config.model_path,
             dtype=self.config.dtype,
@@ -141,8 +140,9 @@ class RolloutEngine:
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], ids, strict=True)]
-        return Generation(ids, logprobs, _versions(completion.weight_versions, len(ids), version),
-                          completion.finish_reason)  # fmt: skip
+        return Generation(
+            ids, logprobs, _versions(completion.weight_versions, len(ids), version), completion.finish_reason
+        )
 
     async def update_weights(self, blob: bytes, version: int, mode: UpdateMode = "wait") -> None:
         """Switch to the weights in a safetensors blob as policy `version`, atomically between steps."""

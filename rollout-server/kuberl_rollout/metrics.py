@@ -17,26 +17,34 @@ class RolloutMetrics:
         self.active_sessions = Gauge("kuberl_rollout_active_sessions", "Episodes running now.", registry=r)
         self.queued = Gauge("kuberl_rollout_queued_trajectories", "Episodes accepted, not yet started.", registry=r)
         self.turn_seconds = Histogram(
-            "kuberl_rollout_turn_seconds", "Seconds of one turn, by phase.", ["phase"], buckets=_TURN_BUCKETS,
+            "kuberl_rollout_turn_seconds",
+            "Seconds of one turn, by phase.",
+            ["phase"],
+            buckets=_TURN_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.trajectories = Counter(
             "kuberl_rollout_trajectories_total", "Finished trajectories by finish reason.", ["reason"], registry=r
         )
         for reason in (*FinishReason, "cancelled"):  # from the start at 0: failure rates are 0, not absent
             self.trajectories.labels(str(reason))
-        self.kv_cache_usage = Gauge("kuberl_rollout_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use.",
-                                    registry=r)  # fmt: skip
-        self.engine_waiting = Gauge("kuberl_rollout_engine_waiting_requests", "Requests waiting in vLLM's scheduler.",
-                                    registry=r)  # fmt: skip
+        self.kv_cache_usage = Gauge(
+            "kuberl_rollout_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use.", registry=r
+        )
+        self.engine_waiting = Gauge(
+            "kuberl_rollout_engine_waiting_requests", "Requests waiting in vLLM's scheduler.", registry=r
+        )
         self.sandbox_session_start_seconds = Histogram(
-            "kuberl_rollout_sandbox_session_start_seconds", "Seconds to open a sandbox session for an episode.",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r,
-        )  # fmt: skip
+            "kuberl_rollout_sandbox_session_start_seconds",
+            "Seconds to open a sandbox session for an episode.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         self.policy_version = Gauge("kuberl_rollout_policy_version", "Policy version being served.", registry=r)
         self.weight_sync_seconds = Histogram(
-            "kuberl_rollout_weight_sync_seconds", "Seconds to switch weights (pause to resume).",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r,
-        )  # fmt: skip
-        self.weight_sync_bytes = Counter("kuberl_rollout_weight_sync_bytes_total", "Weight bytes received.",
-                                         registry=r)  # fmt: skip
+            "kuberl_rollout_weight_sync_seconds",
+            "Seconds to switch weights (pause to resume).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.weight_sync_bytes = Counter("kuberl_rollout_weight_sync_bytes_total", "Weight bytes received.", registry=r)

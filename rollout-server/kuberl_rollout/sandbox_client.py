@@ -62,8 +62,9 @@ class SandboxClient:
         base = self.base_url
         if route.startswith("/v1/sessions/"):
             base = self._endpoints.get(route.split("/")[3], base)
-        response = await self._http.request(method, base + route, json=body, params=params or None,
-                                            headers=self._headers)  # fmt: skip
+        response = await self._http.request(
+            method, base + route, json=body, params=params or None, headers=self._headers
+        )
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)

@@ -103,10 +103,16 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         agent = Agent(engine, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, episode_limits(settings.job))
         sandboxes = [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls]
         service = RolloutService(
-            agent, sandboxes, rewards.function, rewards.intermediate_rewards,
-            {t.task_id: t for t in tasks}, spec.rollout.concurrent_sessions, metrics,
-            process_reward=rewards.process_reward, process_weight=rewards.process_weight,
-        )  # fmt: skip
+            agent,
+            sandboxes,
+            rewards.function,
+            rewards.intermediate_rewards,
+            {t.task_id: t for t in tasks},
+            spec.rollout.concurrent_sessions,
+            metrics,
+            process_reward=rewards.process_reward,
+            process_weight=rewards.process_weight,
+        )
         partial = spec.rollout.partial_rollouts
         mode = "keep" if partial else "wait"
         assembler = BucketAssembler(expected_tensors(model_path))

@@ -40,8 +40,15 @@ class Group:
     episodes: list[asyncio.Task] = field(default_factory=list)
 
     def describe(self) -> dict[str, object]:
-        return {"groupId": self.group_id, "taskId": self.task.task_id, "size": self.size, "finished": self.finished,
-                "failed": self.failed, "running": self.size - self.finished, "cancelled": self.cancelled}  # fmt: skip
+        return {
+            "groupId": self.group_id,
+            "taskId": self.task.task_id,
+            "size": self.size,
+            "finished": self.finished,
+            "failed": self.failed,
+            "running": self.size - self.finished,
+            "cancelled": self.cancelled,
+        }
 
 
 class RolloutService:
@@ -146,10 +153,13 @@ class RolloutService:
                 self.metrics.active_sessions.inc()
                 try:
                     env = SandboxEnvironment(
-                        next(self._sandboxes), self.reward_fn, self.intermediate_rewards,
-                        self.process_reward, self.process_weight,
+                        next(self._sandboxes),
+                        self.reward_fn,
+                        self.intermediate_rewards,
+                        self.process_reward,
+                        self.process_weight,
                         session_started=self.metrics.sandbox_session_start_seconds.observe,
-                    )  # fmt: skip
+                    )
                     trajectory = await self.agent.run(env, group.task, group.group_id, seed)
                 finally:
                     self.metrics.active_sessions.dec()

@@ -9,8 +9,13 @@ from kuberl.api.tampering import DESCRIPTIONS, TamperingReason
 
 def test_the_reasons_are_the_fixed_set_the_sandbox_names():
     assert [r.value for r in TamperingReason] == [
-        "no_report", "several_reports", "malformed_report", "missing_answers", "extra_answers", "duplicate_answers",
-    ]  # fmt: skip
+        "no_report",
+        "several_reports",
+        "malformed_report",
+        "missing_answers",
+        "extra_answers",
+        "duplicate_answers",
+    ]
     assert TamperingReason("missing_answers") is TamperingReason.MISSING_ANSWERS
     assert TamperingReason.EXTRA_ANSWERS == "extra_answers"  # a StrEnum: the value is what goes on the wire
 

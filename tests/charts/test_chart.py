@@ -171,8 +171,10 @@ def test_every_built_in_object_is_valid_kubernetes(rendered, version, request):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as err:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
-                        f"{'.'.join(map(str, err.path))}: {err.message}")  # fmt: skip
+            pytest.fail(
+                f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
+                f"{'.'.join(map(str, err.path))}: {err.message}"
+            )
 
 
 @pytest.mark.parametrize("rendered", RENDERS)
@@ -220,9 +222,19 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
         (["--set", "podLabels.app\\.kubernetes\\.io/component=x"], "podLabels"),
         (["--set", "operator.sandboxAppArmorProfile=docker-default"], "operator.sandboxAppArmorProfile"),
     ],
-    ids=["two-replicas", "pull-policy", "bad-namespace", "typo-top-level", "string-bool", "typo-nested",
-         "no-workers", "unknown-tier", "selector-label", "apparmor-notation"],
-)  # fmt: skip
+    ids=[
+        "two-replicas",
+        "pull-policy",
+        "bad-namespace",
+        "typo-top-level",
+        "string-bool",
+        "typo-nested",
+        "no-workers",
+        "unknown-tier",
+        "selector-label",
+        "apparmor-notation",
+    ],
+)
 def test_wrong_values_are_rejected_naming_the_value(values, named):
     result = helm("template", RELEASE, str(CHART), *values, check=False)
     assert result.returncode != 0, f"{values} was accepted"
@@ -296,8 +308,10 @@ def test_the_sandbox_pod_values_reach_the_sandbox_pods_the_operator_renders(rend
         assert container["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
     else:  # values-all-on.yaml: a cluster without user namespaces, with a profile of its own on the nodes
         assert "hostUsers" not in pod
-        assert container["securityContext"]["appArmorProfile"] == {"type": "Localhost",
-                                                                   "localhostProfile": "kuberl-sandbox"}  # fmt: skip
+        assert container["securityContext"]["appArmorProfile"] == {
+            "type": "Localhost",
+            "localhostProfile": "kuberl-sandbox",
+        }
 
 
 def test_watch_namespaces_become_one_dash_n_each(all_on):
@@ -389,8 +403,14 @@ def test_kueue_and_nodes_are_granted_only_when_enabled(default, all_on_cluster_w
 
 
 def test_rbac_and_service_account_can_be_left_to_the_cluster_admin():
-    objects = render("--set", "rbac.create=false", "--set", "serviceAccount.create=false",
-                     "--set", "serviceAccount.name=kuberl-admin-made")  # fmt: skip
+    objects = render(
+        "--set",
+        "rbac.create=false",
+        "--set",
+        "serviceAccount.create=false",
+        "--set",
+        "serviceAccount.name=kuberl-admin-made",
+    )
     assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment", "Service"}
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "kuberl-admin-made"
 
@@ -418,8 +438,9 @@ def test_the_operator_holds_every_permission_of_the_learner_roles_it_creates(def
 # ------------------------------------------------------------------------------ monitoring
 def test_the_metrics_service_and_service_monitor_reach_the_operator(all_on):
     service, monitor = one(all_on, "Service"), one(all_on, "ServiceMonitor")
-    assert service["spec"]["ports"] == [{"name": "http-metrics", "port": 9300, "targetPort": "http-metrics",
-                                         "protocol": "TCP"}]  # fmt: skip
+    assert service["spec"]["ports"] == [
+        {"name": "http-metrics", "port": 9300, "targetPort": "http-metrics", "protocol": "TCP"}
+    ]
     selector = service["spec"]["selector"]
     assert selector.items() <= one(all_on, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -437,8 +458,10 @@ def test_the_pod_monitor_scrapes_the_job_tiers_with_rljob_and_tier_labels(all_on
     assert one(all_on_cluster_wide, "PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
     endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
     assert set(endpoints) == {"metrics", "http"}
-    pod_label = {label: "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
-                 for label in (JOB_LABEL, TIER_LABEL)}  # fmt: skip
+    pod_label = {
+        label: "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+        for label in (JOB_LABEL, TIER_LABEL)
+    }
     for endpoint in endpoints.values():
         assert endpoint["path"] == "/metrics"
         assert {"sourceLabels": [pod_label[JOB_LABEL]], "targetLabel": "rljob"} in endpoint["relabelings"]
@@ -457,13 +480,17 @@ def test_the_pod_monitor_scrapes_the_job_tiers_with_rljob_and_tier_labels(all_on
     keep = endpoints["metrics"]["relabelings"][0]
     assert keep["action"] == "keep" and re.fullmatch(keep["regex"], "learner;swe-gpu-learner-0")
     assert not re.fullmatch(keep["regex"], "learner;swe-gpu-learner-1")
-    assert endpoints["http"]["relabelings"][0] == {"sourceLabels": [pod_label[TIER_LABEL]],
-                                                   "regex": "rollout|sandbox", "action": "keep"}  # fmt: skip
+    assert endpoints["http"]["relabelings"][0] == {
+        "sourceLabels": [pod_label[TIER_LABEL]],
+        "regex": "rollout|sandbox",
+        "action": "keep",
+    }
 
 
 def test_the_pod_monitor_scrapes_only_the_chosen_tiers():
-    monitor = one(render("--set", "podMonitor.enabled=true", "--set", "podMonitor.tiers={learner,rollout}"),
-                  "PodMonitor")  # fmt: skip
+    monitor = one(
+        render("--set", "podMonitor.enabled=true", "--set", "podMonitor.tiers={learner,rollout}"), "PodMonitor"
+    )
     endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
     assert endpoints["http"]["relabelings"][0]["regex"] == "rollout"
     only_rollout = render("--set", "podMonitor.enabled=true", "--set", "podMonitor.tiers={rollout}")
@@ -499,8 +526,14 @@ def test_one_dashboard_config_map_per_json_file_for_the_grafana_sidecar(all_on, 
         assert config_map["metadata"]["annotations"] == {"grafana_folder": "KubeRL"}
         assert config_map["metadata"]["namespace"] == "monitoring"
     assert not of_kind(default, "ConfigMap")
-    custom = render("--set", "dashboards.enabled=true", "--set", "dashboards.label=team_dashboard",
-                    "--set-string", "dashboards.labelValue=yes")  # fmt: skip
+    custom = render(
+        "--set",
+        "dashboards.enabled=true",
+        "--set",
+        "dashboards.label=team_dashboard",
+        "--set-string",
+        "dashboards.labelValue=yes",
+    )
     assert all(m["metadata"]["labels"]["team_dashboard"] == "yes" for m in of_kind(custom, "ConfigMap"))
     assert all("annotations" not in m["metadata"] for m in of_kind(custom, "ConfigMap"))
 
@@ -524,9 +557,14 @@ def rendered_notes(tmp_path: Path, *values: str) -> str:
 
 def test_notes_say_what_to_do_next(tmp_path):
     notes = rendered_notes(tmp_path)
-    for expected in ("kubectl -n kuberl-system get pods", "kubectl apply -n default -f examples/minimal.yaml",
-                     "kubectl get rlj -A -w", "helm uninstall kuberl -n kuberl-system",
-                     "kubectl apply -f crds/rljob.yaml", "every namespace (cluster-wide)"):  # fmt: skip
+    for expected in (
+        "kubectl -n kuberl-system get pods",
+        "kubectl apply -n default -f examples/minimal.yaml",
+        "kubectl get rlj -A -w",
+        "helm uninstall kuberl -n kuberl-system",
+        "kubectl apply -f crds/rljob.yaml",
+        "every namespace (cluster-wide)",
+    ):
         assert expected in notes, f"NOTES.txt lacks {expected!r}:\n{notes}"
     assert "never deletes the RLJob CRD" in " ".join(notes.split())
 
@@ -535,6 +573,11 @@ def test_notes_name_the_watched_namespaces_and_the_monitoring_objects(tmp_path):
     notes = rendered_notes(tmp_path, "-f", str(ALL_ON))
     assert "the namespaces rl-team-a, rl-team-b" in notes
     assert "kubectl apply -n rl-team-a -f examples/minimal.yaml" in notes
-    for expected in ("ServiceMonitor kuberl", "PodMonitor kuberl-jobs", "PrometheusRule kuberl",
-                     "grafana_dashboard=1", 'folder "KubeRL"'):  # fmt: skip
+    for expected in (
+        "ServiceMonitor kuberl",
+        "PodMonitor kuberl-jobs",
+        "PrometheusRule kuberl",
+        "grafana_dashboard=1",
+        'folder "KubeRL"',
+    ):
         assert expected in notes

@@ -54,8 +54,9 @@ def test_a_task_file_without_fail_to_pass_is_refused_naming_the_file_and_field(t
 
 
 def test_an_expert_fraction_outside_zero_to_one_is_refused_naming_the_field(tmp_path):
-    job = job_file(tmp_path, {"model": {"uri": "m"}, "training": {"warmup": {"demonstrations": 8,
-                                                                            "expertFraction": 1.5}}})  # fmt: skip
+    job = job_file(
+        tmp_path, {"model": {"uri": "m"}, "training": {"warmup": {"demonstrations": 8, "expertFraction": 1.5}}}
+    )
     error = one_line_error(kuberl("validate", job))
     assert "spec.training.warmup.expertFraction" in error
 
@@ -66,8 +67,19 @@ def test_it_scores_a_task_file_and_writes_the_summary(tmp_path):
     write_jsonl(load_tasks("swe-toy", split="test")[:3], tmp_path / "tasks.jsonl")
     job = job_file(tmp_path, tiny_job_spec(model))
     out = tmp_path / "eval.json"
-    result = kuberl("evaluate", str(model), "--job", job, "--tasks", str(tmp_path / "tasks.jsonl"), "--episodes", "2",
-                    "--output", str(out), timeout=400)  # fmt: skip
+    result = kuberl(
+        "evaluate",
+        str(model),
+        "--job",
+        job,
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--episodes",
+        "2",
+        "--output",
+        str(out),
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(out.read_text())
     # a random model solves nothing; every episode is accounted for

@@ -15,8 +15,14 @@ KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
 
 
 def kuberl(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KUBERL, *args], capture_output=True, text=True, input=stdin, timeout=60,
-                          env=None if env is None else {**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [KUBERL, *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -160,11 +166,15 @@ def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tm
     kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
     (tmp_path / "tiny" / "model.safetensors").unlink()
     job = tmp_path / "job.yaml"
-    job.write_text(f"apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {{name: w}}\n"
-                   f"spec: {{model: {{uri: {tmp_path / 'tiny'}}}}}\n")  # fmt: skip
-    for argv in (["learner", str(job), "--rollout-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
-                 ["run", str(job), "--run-dir", str(tmp_path / "run2")],
-                 ["rollout-server", str(job), "--sandbox-url", "http://127.0.0.1:9"]):  # fmt: skip
+    job.write_text(
+        f"apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {{name: w}}\n"
+        f"spec: {{model: {{uri: {tmp_path / 'tiny'}}}}}\n"
+    )
+    for argv in (
+        ["learner", str(job), "--rollout-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
+        ["run", str(job), "--run-dir", str(tmp_path / "run2")],
+        ["rollout-server", str(job), "--sandbox-url", "http://127.0.0.1:9"],
+    ):
         result = kuberl(*argv, env={"KUBERL_SANDBOX_TOKEN": "t"})  # the rollout server needs one to get that far
         assert result.returncode == 2, result.stderr
         assert "no model weights" in result.stderr and str(tmp_path / "tiny") in result.stderr

@@ -61,8 +61,15 @@ def main(model_dir: str, uri: str, steps: int, every: int, out: str) -> None:
     state = checkpointer.restore(model, optimizer)
     start = state.step if state else 0
     for step in range(start, steps):
-        report = train_step(model, optimizer, batch_for(step, model.config.vocab_size), LossConfig(), 1.0, world,
-                            before_update=checkpointer.ready_for_update)  # fmt: skip
+        report = train_step(
+            model,
+            optimizer,
+            batch_for(step, model.config.vocab_size),
+            LossConfig(),
+            1.0,
+            world,
+            before_update=checkpointer.ready_for_update,
+        )
         if rank == 0:
             with open(out, "a") as f:
                 f.write(json.dumps({"step": step + 1, "loss": report["loss"], "resumed_from": start}) + "\n")

@@ -15,8 +15,16 @@ from kuberl.local.progress import ProgressPrinter, duration, progress_line
 
 def processes(**sections):
     job = RLJob.from_manifest(with_spec(**sections))
-    return plan(job, Path("job.yaml"), Path("runs/j"), "/models/m", Ports([8701, 8702], [8801, 8802], 9400), "tok",
-                Path("/tmp/sbx"), cpus=2)  # fmt: skip
+    return plan(
+        job,
+        Path("job.yaml"),
+        Path("runs/j"),
+        "/models/m",
+        Ports([8701, 8702], [8801, 8802], 9400),
+        "tok",
+        Path("/tmp/sbx"),
+        cpus=2,
+    )
 
 
 def test_the_plan_starts_the_tiers_in_order_with_the_same_entrypoints_as_the_pods():
@@ -25,10 +33,14 @@ def test_the_plan_starts_the_tiers_in_order_with_the_same_entrypoints_as_the_pod
     rollout = specs[2].argv
     assert rollout[rollout.index("--port") + 1] == "8801" and rollout[rollout.index("--model") + 1] == "/models/m"
     assert [rollout[i + 1] for i, a in enumerate(rollout) if a == "--sandbox-url"] == [
-        "http://127.0.0.1:8701", "http://127.0.0.1:8702"]  # fmt: skip
+        "http://127.0.0.1:8701",
+        "http://127.0.0.1:8702",
+    ]
     learner = specs[-1].argv
     assert [learner[i + 1] for i, a in enumerate(learner) if a == "--rollout-url"] == [
-        "http://127.0.0.1:8801", "http://127.0.0.1:8802"]  # fmt: skip
+        "http://127.0.0.1:8801",
+        "http://127.0.0.1:8802",
+    ]
     assert specs[0].env["KUBERL_SANDBOX_TOKEN"] == "tok" == specs[2].env["KUBERL_SANDBOX_TOKEN"]
     assert "KUBERL_SANDBOX_TOKEN" not in specs[-1].env  # the learner never talks to sandboxes
     assert specs[2].ready_url == "http://127.0.0.1:8801/readyz" and specs[2].live_url.endswith("/healthz")
@@ -67,8 +79,10 @@ def test_progress_printer_rewrites_a_line_on_a_terminal_and_prints_lines_elsewhe
 
 
 def test_learning_curve_png(tmp_path):
-    lines = [{"step": s, "reward_mean": s / 10, "solve_rate": s / 20, "time": 1000.0 + 5 * s, "step_s": 5.0}
-             for s in range(1, 11)]  # fmt: skip
+    lines = [
+        {"step": s, "reward_mean": s / 10, "solve_rate": s / 20, "time": 1000.0 + 5 * s, "step_s": 5.0}
+        for s in range(1, 11)
+    ]
     out = plot_learning_curve(lines, tmp_path / "curve.png", "demo", {"after warm-up": 0.1, "after RL": 0.8})
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert plot_learning_curve([], tmp_path / "none.png", "demo") is None

@@ -40,8 +40,9 @@ def test_preempted_rollout_servers_cost_no_step_and_no_trajectory(tmp_path):
         supervisor.preempt(preempted[line["step"]])
 
     started = time.monotonic()
-    record = run_job(RLJob.from_manifest(manifest), path, tmp_path / "run", str(model), out=ProgressPrinter(),
-                     on_step=reclaim)  # fmt: skip
+    record = run_job(
+        RLJob.from_manifest(manifest), path, tmp_path / "run", str(model), out=ProgressPrinter(), on_step=reclaim
+    )
     assert (record.phase, record.reason, record.step) == ("Succeeded", "Completed", STEPS), record.message
     # retryBudget 0: a single restart counted as a failure would have failed the job
     assert not any(record.restarts.values()), record.restarts

@@ -82,14 +82,30 @@ def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
     ("case", "sections", "env", "expected"),
     [
         ("max-steps", {"limits": {"maxSteps": 3}}, {}, ("Stopped", "MaxStepsReached")),
-        ("wall-clock", {"training": {"totalSteps": 1000}, "limits": {"maxWallClock": "20s"}}, {},
-         ("Stopped", "MaxWallClockReached")),
-        ("nan", {"training": {"totalSteps": 1000}, "limits": {"maxNonFiniteSteps": 2}},
-         {"KUBERL_FAULT_NAN_FROM_STEP": "2"}, ("Failed", "NonFiniteLoss")),
-        ("no-signal", {"training": {"totalSteps": 1000}, "algorithm": {"dynamicSampling": True},
-                       "limits": {"maxBatchesWithoutSignal": 2}}, {}, ("Failed", "NoLearningSignal")),
+        (
+            "wall-clock",
+            {"training": {"totalSteps": 1000}, "limits": {"maxWallClock": "20s"}},
+            {},
+            ("Stopped", "MaxWallClockReached"),
+        ),
+        (
+            "nan",
+            {"training": {"totalSteps": 1000}, "limits": {"maxNonFiniteSteps": 2}},
+            {"KUBERL_FAULT_NAN_FROM_STEP": "2"},
+            ("Failed", "NonFiniteLoss"),
+        ),
+        (
+            "no-signal",
+            {
+                "training": {"totalSteps": 1000},
+                "algorithm": {"dynamicSampling": True},
+                "limits": {"maxBatchesWithoutSignal": 2},
+            },
+            {},
+            ("Failed", "NoLearningSignal"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_circuit_breakers(model, tmp_path, case, sections, env, expected):
     _, path = job(case, model, tmp_path, **sections)
     argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
@@ -117,8 +133,13 @@ def test_a_previous_run_is_never_overwritten(model, tmp_path):
     _, path = job("again", model, tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "job.json").write_text("{}")
-    result = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")],
-                            capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert result.returncode == 2 and "--resume" in result.stderr
     assert (tmp_path / "run" / "job.json").read_text() == "{}"
 

@@ -20,15 +20,24 @@ from kuberl_sandbox.local import free_port
 
 def rljob(namespace: str | None = None, **spec) -> RLJob:
     metadata = {"name": "toy", **({"namespace": namespace} if namespace else {})}
-    return RLJob.from_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": metadata,
-                                "spec": {"model": {"uri": "s3://models/tiny"}, **spec}})  # fmt: skip
+    return RLJob.from_manifest(
+        {
+            "apiVersion": "kuberl.io/v1alpha1",
+            "kind": "RLJob",
+            "metadata": metadata,
+            "spec": {"model": {"uri": "s3://models/tiny"}, **spec},
+        }
+    )
 
 
 def samples(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {s.name + json.dumps(s.labels, sort_keys=True): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        s.name + json.dumps(s.labels, sort_keys=True): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_every_endpoint_is_a_file_sd_target_labelled_like_a_pod_in_a_cluster():
@@ -48,11 +57,20 @@ def test_every_endpoint_is_a_file_sd_target_labelled_like_a_pod_in_a_cluster():
 
 def test_the_job_metrics_follow_the_learner_status_and_the_runner(tmp_path):
     job = rljob("ml", sandbox={"minReplicas": 2, "maxReplicas": 4})
-    (tmp_path / "status.json").write_text(json.dumps({
-        "phase": "Running", "reason": "Training", "step": 4, "policyVersion": 4, "rewardMean": 0.5,
-        "tokensPerSecond": 90.0, "staleness": 0.0,
-        "lastCheckpoint": {"step": 4, "uri": "file:///c/4", "time": "2026-01-01T00:00:00Z"},
-    }))  # fmt: skip
+    (tmp_path / "status.json").write_text(
+        json.dumps(
+            {
+                "phase": "Running",
+                "reason": "Training",
+                "step": 4,
+                "policyVersion": 4,
+                "rewardMean": 0.5,
+                "tokensPerSecond": 90.0,
+                "staleness": 0.0,
+                "lastCheckpoint": {"step": 4, "uri": "file:///c/4", "time": "2026-01-01T00:00:00Z"},
+            }
+        )
+    )
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     processes = (("sandbox-0", "sandbox"), ("sandbox-1", "sandbox"), ("learner", "learner"))
     specs = [ProcessSpec(name, tier, sleeper, log=tmp_path / f"{name}.log") for name, tier in processes]

@@ -33,15 +33,26 @@ def operator_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Opera
     namespace, name = OPERATOR_JOB
     with emulated_api_server() as url:
         port = free_port()
-        process = OperatorProcess(write_kubeconfig(folder / "kubeconfig", url, namespace), folder / "operator.log",
-                                  {"KUBERL_OPERATOR_INTERVAL": "1", "KUBERL_WATCH_SERVER_TIMEOUT": "60",
-                                   "KUBERL_OPERATOR_METRICS_PORT": str(port)})  # fmt: skip
+        process = OperatorProcess(
+            write_kubeconfig(folder / "kubeconfig", url, namespace),
+            folder / "operator.log",
+            {
+                "KUBERL_OPERATOR_INTERVAL": "1",
+                "KUBERL_WATCH_SERVER_TIMEOUT": "60",
+                "KUBERL_OPERATOR_METRICS_PORT": str(port),
+            },
+        )
         process.start([sys.executable, *HANDLERS])
         try:
-            Api(url).post(f"/apis/kuberl.io/v1alpha1/namespaces/{namespace}/rljobs", {
-                "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name, "namespace": namespace},
-                "spec": {"model": {"uri": "s3://models/tiny"}, "checkpoint": {"uri": "s3://ckpt/jobs"}},
-            })  # fmt: skip
+            Api(url).post(
+                f"/apis/kuberl.io/v1alpha1/namespaces/{namespace}/rljobs",
+                {
+                    "apiVersion": "kuberl.io/v1alpha1",
+                    "kind": "RLJob",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"model": {"uri": "s3://models/tiny"}, "checkpoint": {"uri": "s3://ckpt/jobs"}},
+                },
+            )
             endpoint = OperatorEndpoint(port)
             wanted = f'kuberl_job_step{{namespace="{namespace}",rljob="{name}"}}'
             deadline = time.monotonic() + 60

@@ -107,13 +107,25 @@ def job_metrics_registry(job_metrics_class):
 
     registry = CollectorRegistry(auto_describe=True)
     jobs = job_metrics_class(registry)
-    status = RLJobStatus.model_validate({
-        "phase": "Stopped", "reason": "MaxWallClockReached", "step": 7, "policyVersion": 7, "rewardMean": 0.5,
-        "tokensPerSecond": 100.0, "staleness": 0.5, "runningSeconds": 60.0,
-        "lastCheckpoint": {"step": 6, "uri": "s3://c/6", "time": "2026-01-01T00:00:00Z"},
-        "gpuHoursByTier": {"learner": 1.0}, "spotGpuHoursByTier": {"learner": 0.5}, "preemptions": 1,
-        "restarts": {"rollout": 1}, "readyWorkers": {"learner": 1, "rollout": 1, "sandbox": 1}, "sandboxReplicas": 2,
-    })  # fmt: skip
+    status = RLJobStatus.model_validate(
+        {
+            "phase": "Stopped",
+            "reason": "MaxWallClockReached",
+            "step": 7,
+            "policyVersion": 7,
+            "rewardMean": 0.5,
+            "tokensPerSecond": 100.0,
+            "staleness": 0.5,
+            "runningSeconds": 60.0,
+            "lastCheckpoint": {"step": 6, "uri": "s3://c/6", "time": "2026-01-01T00:00:00Z"},
+            "gpuHoursByTier": {"learner": 1.0},
+            "spotGpuHoursByTier": {"learner": 0.5},
+            "preemptions": 1,
+            "restarts": {"rollout": 1},
+            "readyWorkers": {"learner": 1, "rollout": 1, "sandbox": 1},
+            "sandboxReplicas": 2,
+        }
+    )
     jobs.observe("ml", "every-field", status, RLJobSpec())
     return registry
 
@@ -163,8 +175,9 @@ class Selector:
 
 
 def selectors(expr: str) -> list[Selector]:
-    return [Selector(m.group(0), m.group(1), tuple(_MATCHER.findall(m.group(2) or "")))
-            for m in _SELECTOR.finditer(expr)]  # fmt: skip
+    return [
+        Selector(m.group(0), m.group(1), tuple(_MATCHER.findall(m.group(2) or ""))) for m in _SELECTOR.finditer(expr)
+    ]
 
 
 def alert_rules() -> list[dict]:
@@ -188,15 +201,23 @@ def panels(dashboard: dict) -> list[dict]:
 
 def dashboard_targets() -> list[tuple[str, str, str, str]]:
     """(dashboard, panel title, refId, expr) of every query of every dashboard."""
-    return [(stem, panel["title"], target["refId"], target["expr"])
-            for stem, board in dashboards().items() for panel in panels(board)
-            for target in panel.get("targets", [])]  # fmt: skip
+    return [
+        (stem, panel["title"], target["refId"], target["expr"])
+        for stem, board in dashboards().items()
+        for panel in panels(board)
+        for target in panel.get("targets", [])
+    ]
 
 
 def variable_values(dashboard: dict, namespace: str, rljob: str, rate_interval: str) -> dict[str, str]:
     """What Grafana would put in for each variable: the job's names, the variables' defaults, Grafana's own."""
-    values = {"namespace": namespace, "rljob": rljob, "__rate_interval": rate_interval, "__interval": "15s",
-              "__range": "1h"}  # fmt: skip
+    values = {
+        "namespace": namespace,
+        "rljob": rljob,
+        "__rate_interval": rate_interval,
+        "__interval": "15s",
+        "__range": "1h",
+    }
     for var in dashboard["templating"]["list"]:
         if var["type"] in ("textbox", "constant", "custom"):
             values[var["name"]] = str(var["current"]["value"])

@@ -11,11 +11,17 @@ from monitoring.schema import ALERT_TESTS, ALERTS, alert_rules, selectors
 
 # Every alert the issue asks for, by what it watches.
 EXPECTED = {
-    "KubeRLJobFailed", "KubeRLJobStoppedByBreaker", "KubeRLJobNoTrainingProgress", "KubeRLCheckpointTooOld",
-    "KubeRLStalenessAboveBound", "KubeRLRolloutFailureRateHigh", "KubeRLSandboxTimeoutsHigh",
+    "KubeRLJobFailed",
+    "KubeRLJobStoppedByBreaker",
+    "KubeRLJobNoTrainingProgress",
+    "KubeRLCheckpointTooOld",
+    "KubeRLStalenessAboveBound",
+    "KubeRLRolloutFailureRateHigh",
+    "KubeRLSandboxTimeoutsHigh",
     "KubeRLRewardTampering",
-    "KubeRLOperatorDown", "KubeRLOperatorReconcileErrors",
-}  # fmt: skip
+    "KubeRLOperatorDown",
+    "KubeRLOperatorReconcileErrors",
+}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:

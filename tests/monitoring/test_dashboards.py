@@ -79,8 +79,14 @@ def exprs(board: dict) -> str:
 
 def test_the_overview_shows_phase_step_rate_reward_gpu_hours_and_cost_on_spot():
     board = BOARDS["kuberl-overview"]
-    assert {"kuberl_job_phase", "kuberl_job_step", "kuberl_job_reward_mean", "kuberl_job_gpu_seconds_total",
-            "kuberl_job_restarts_total", "kuberl_job_breaker_trips_total"} <= metrics_in(board)  # fmt: skip
+    assert {
+        "kuberl_job_phase",
+        "kuberl_job_step",
+        "kuberl_job_reward_mean",
+        "kuberl_job_gpu_seconds_total",
+        "kuberl_job_restarts_total",
+        "kuberl_job_breaker_trips_total",
+    } <= metrics_in(board)
     text = exprs(board)
     assert "deriv(kuberl_job_step{" in text  # step rate
     assert "kuberl_job_gpu_seconds_total{" in text and "/ 3600" in text  # GPU-hours
@@ -93,17 +99,37 @@ def test_the_per_job_dashboard_has_a_row_per_tier_with_the_panels_asked_for():
     board = BOARDS["kuberl-job"]
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
     assert rows == ["Job", "Learner", "Rollout", "Sandbox"]
-    assert {f"kuberl_learner_{m}" for m in (
-        "loss", "reward_mean", "kl_reference", "mismatch_kl", "entropy_nats", "step_phase_seconds",
-        "trajectory_staleness_versions", "checkpoint_last_timestamp_seconds",
-    )} <= metrics_in(board, "Learner")  # fmt: skip
-    assert {f"kuberl_rollout_{m}" for m in (
-        "generated_tokens_total", "active_sessions", "queued_trajectories", "kv_cache_usage_ratio",
-        "weight_sync_seconds", "trajectories_total",
-    )} <= metrics_in(board, "Rollout")  # fmt: skip
-    assert {"kuberl_sandbox_sessions_open", "kuberl_sandbox_command_duration_seconds",
-            "kuberl_sandbox_command_timeouts_total", "kuberl_job_ready_workers",
-            "kuberl_job_sandbox_desired_replicas"} <= metrics_in(board, "Sandbox")  # fmt: skip
+    assert {
+        f"kuberl_learner_{m}"
+        for m in (
+            "loss",
+            "reward_mean",
+            "kl_reference",
+            "mismatch_kl",
+            "entropy_nats",
+            "step_phase_seconds",
+            "trajectory_staleness_versions",
+            "checkpoint_last_timestamp_seconds",
+        )
+    } <= metrics_in(board, "Learner")
+    assert {
+        f"kuberl_rollout_{m}"
+        for m in (
+            "generated_tokens_total",
+            "active_sessions",
+            "queued_trajectories",
+            "kv_cache_usage_ratio",
+            "weight_sync_seconds",
+            "trajectories_total",
+        )
+    } <= metrics_in(board, "Rollout")
+    assert {
+        "kuberl_sandbox_sessions_open",
+        "kuberl_sandbox_command_duration_seconds",
+        "kuberl_sandbox_command_timeouts_total",
+        "kuberl_job_ready_workers",
+        "kuberl_job_sandbox_desired_replicas",
+    } <= metrics_in(board, "Sandbox")
     text = exprs(board)
     for quantile in ("0.5", "0.9", "0.99"):  # command latency quantiles
         assert f"histogram_quantile({quantile}, sum by (le, kind) (rate(kuberl_sandbox_command_duration" in text

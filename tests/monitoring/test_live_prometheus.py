@@ -59,8 +59,11 @@ class LiveRun:
     texts: dict[str, str] = field(default_factory=dict)  # pod (or "operator") -> its /metrics text
 
     def query_range(self, expr: str) -> list[dict]:
-        response = httpx.get(f"{self.prometheus}/api/v1/query_range", timeout=30,
-                             params={"query": expr, "start": self.start, "end": self.end, "step": "1s"})  # fmt: skip
+        response = httpx.get(
+            f"{self.prometheus}/api/v1/query_range",
+            timeout=30,
+            params={"query": expr, "start": self.start, "end": self.end, "step": "1s"},
+        )
         body = response.json()
         assert body["status"] == "success", f"{expr}: {body.get('error')}"
         return body["data"]["result"]
@@ -77,12 +80,28 @@ def live(tmp_path_factory: pytest.TempPathFactory, operator: OperatorEndpoint) -
     # 12 steps: long enough for the test to read every part's /metrics while the run is alive (a step of the
     # tiny model takes well under a second)
     spec = tiny_job_spec(model, training={"totalSteps": 12}, checkpoint={"intervalSteps": 1}, limits={"maxSteps": 12})
-    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
-                "metadata": {"name": RLJOB, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": RLJOB, "namespace": NAMESPACE},
+        "spec": spec,
+    }
     (folder / "job.yaml").write_text(yaml.safe_dump(manifest))
     run_dir = folder / "run"
-    argv = [sys.executable, "-m", "kuberl.cli", "run", str(folder / "job.yaml"), "--run-dir", str(run_dir),
-            "--no-evaluate", "--metrics-port", str(free_port()), "--metrics-linger", "5s"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "kuberl.cli",
+        "run",
+        str(folder / "job.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--no-evaluate",
+        "--metrics-port",
+        str(free_port()),
+        "--metrics-linger",
+        "5s",
+    ]
     token = secrets.token_hex(16)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "KUBERL_SANDBOX_TOKEN": token}
     run = subprocess.Popen(argv, env=env, stdout=(folder / "run.log").open("w"), stderr=subprocess.STDOUT)
@@ -95,9 +114,15 @@ def live(tmp_path_factory: pytest.TempPathFactory, operator: OperatorEndpoint) -
         targets = json.loads(targets_file.read_text())
         sandbox = next(t["targets"][0] for t in targets if t["labels"]["pod"] == "sandbox-0")
         wait_for(lambda: _ready(f"http://{sandbox}/readyz") or run.poll() is not None, 60, "the sandbox")
+
         # Prometheus sees the sandbox's counters at 0 before the commands, so that their rates have an increase
-        scraped = lambda: httpx.get(f"{url}/api/v1/query", params={"query": "kuberl_sandbox_commands_total"},  # noqa: E731
-                                    timeout=10).json()["data"]["result"]  # fmt: skip
+        def scraped():
+            return httpx.get(
+                f"{url}/api/v1/query",
+                params={"query": "kuberl_sandbox_commands_total"},
+                timeout=10,
+            ).json()["data"]["result"]
+
         wait_for(lambda: scraped() or run.poll() is not None, 60, "a scrape of the sandbox")
         drive_the_sandbox(sandbox, token)  # the sandbox starts first: no need to wait for training
         # every part's /metrics text once the first step is done (all of them are up then)
@@ -130,19 +155,30 @@ def start_prometheus(folder: Path, targets_file: Path, operator_port: int) -> tu
         "rule_files": [str(ALERTS)],
         "scrape_configs": [
             {"job_name": "kuberl-run", "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]},
-            {"job_name": "kuberl-operator", "honor_labels": True,
-             "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"], "labels": {"namespace": "kuberl-system"}}]},
+            {
+                "job_name": "kuberl-operator",
+                "honor_labels": True,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{operator_port}"], "labels": {"namespace": "kuberl-system"}}
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
     check = subprocess.run(["promtool", "check", "config", str(folder / "prometheus.yml")], capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
     port = free_port()
     process = subprocess.Popen(
-        ["prometheus", f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=(folder / "prometheus.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            "prometheus",
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=(folder / "prometheus.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -191,10 +227,17 @@ def has_numbers(result: list[dict]) -> bool:
 
 
 def test_every_endpoint_of_the_run_and_the_operator_was_scraped(live):
-    up = {(s["metric"]["job"], s["metric"].get("pod", "")): max(float(v) for _, v in s["values"])
-          for s in live.query_range("up")}  # fmt: skip
-    assert up == {("kuberl-run", "sandbox-0"): 1, ("kuberl-run", "rollout-0"): 1, ("kuberl-run", "learner"): 1,
-                  ("kuberl-run", "kuberl-run"): 1, ("kuberl-operator", ""): 1}  # fmt: skip
+    up = {
+        (s["metric"]["job"], s["metric"].get("pod", "")): max(float(v) for _, v in s["values"])
+        for s in live.query_range("up")
+    }
+    assert up == {
+        ("kuberl-run", "sandbox-0"): 1,
+        ("kuberl-run", "rollout-0"): 1,
+        ("kuberl-run", "learner"): 1,
+        ("kuberl-run", "kuberl-run"): 1,
+        ("kuberl-operator", ""): 1,
+    }
 
 
 def test_series_carry_namespace_rljob_and_tier(live):

@@ -45,8 +45,9 @@ def test_every_documented_metric_is_exported_as_documented(docs, code):
             continue  # "Coming": checked once a part exports it (next test)
         assert name in code, f"docs/metrics.md lists {name} ({metric.part}); no part exports it"
         assert (code[name].part, code[name].type) == (metric.part, metric.type), (name, code[name], metric)
-        assert code[name].labels == metric.labels, f"{name}: docs say labels {sorted(metric.labels)}, " \
-                                                   f"the code has {sorted(code[name].labels)}"  # fmt: skip
+        assert code[name].labels == metric.labels, (
+            f"{name}: docs say labels {sorted(metric.labels)}, the code has {sorted(code[name].labels)}"
+        )
 
 
 def test_every_exported_metric_is_documented_in_its_part(docs, code):
@@ -98,8 +99,12 @@ def test_a_real_sandbox_server_exports_its_documented_metrics(sandbox, docs):
 
 
 def test_kuberl_run_serves_the_job_metrics_of_its_job(tmp_path, docs):
-    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "local", "namespace": "ml"},
-                "spec": {"model": {"uri": "s3://models/tiny"}}}  # fmt: skip
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "local", "namespace": "ml"},
+        "spec": {"model": {"uri": "s3://models/tiny"}},
+    }
     (tmp_path / "status.json").write_text(json.dumps({"phase": "Running", "step": 3, "rewardMean": 0.25}))
     metrics = RunMetrics(RLJob.from_manifest(manifest), tmp_path, port := free_port())
     try:

@@ -73,8 +73,15 @@ def simulate(
         capacity = ready * sessions_per_pod
         latency = base_latency + (QUEUE_WAIT_S if wanted > capacity else 0.0)
         demand = SandboxDemand(wanted, min(int(trace_open), capacity), latency)
-        rec = recommend(demand, len(pods), min_replicas=min_replicas, max_replicas=max_replicas,
-                        sessions_per_pod=sessions_per_pod, now=float(t), state=state)  # fmt: skip
+        rec = recommend(
+            demand,
+            len(pods),
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            sessions_per_pod=sessions_per_pod,
+            now=float(t),
+            state=state,
+        )
         steps.append(Step(t, wanted, len(pods), rec.replicas, ready, rec.reason))
         state = rec.state
         pods = sorted(pods)[: rec.replicas] + [float(t + READY_DELAY_S)] * max(0, rec.replicas - len(pods))
@@ -86,8 +93,9 @@ def direction_changes(steps: list[Step], start: int, end: int) -> int:
     return sum(1 for a, b in itertools.pairwise(directions) if a != b)
 
 
-def needed(wanted: int, *, min_replicas: int = MIN, max_replicas: int = MAX, sessions_per_pod: int = SESSIONS_PER_POD,
-           **_) -> int:  # fmt: skip
+def needed(
+    wanted: int, *, min_replicas: int = MIN, max_replicas: int = MAX, sessions_per_pod: int = SESSIONS_PER_POD, **_
+) -> int:
     """Pods for what is wanted plus headroom, within the bounds."""
     return min(max_replicas, max(min_replicas, needed_replicas(wanted, sessions_per_pod, POLICY.headroom)))
 
@@ -135,8 +143,9 @@ def test_capacity_is_ready_one_pod_start_after_demand_rises(run):
     high, per_pod = options.get("max_replicas", MAX), options.get("sessions_per_pod", SESSIONS_PER_POD)
     ready_at = {s.t: s.ready for s in steps}
     lag = READY_DELAY_S + INTERVAL_S
-    late = [s for s in steps if s.t + lag in ready_at
-            and ready_at[s.t + lag] < min(high, math.ceil(s.wanted / per_pod))]  # fmt: skip
+    late = [
+        s for s in steps if s.t + lag in ready_at and ready_at[s.t + lag] < min(high, math.ceil(s.wanted / per_pod))
+    ]
     assert not late, late[:3]
 
 
@@ -205,8 +214,15 @@ def call(
     state: ScalerState | None = None,
 ) -> Recommendation:
     demand = SandboxDemand(wanted, wanted if open_ is None else open_, latency)
-    return recommend(demand, current, min_replicas=min_replicas, max_replicas=max_replicas,
-                     sessions_per_pod=sessions_per_pod, now=now, state=state or ScalerState())  # fmt: skip
+    return recommend(
+        demand,
+        current,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        sessions_per_pod=sessions_per_pod,
+        now=now,
+        state=state or ScalerState(),
+    )
 
 
 def settled(at: float, replicas: int) -> ScalerState:

@@ -37,8 +37,11 @@ from kuberl_trainer.final_checkpoint import children_of
 UID = "6f1c2a5e-0d4b-4c1e-9a53-1f2d3c4b5a69"
 OLDEST, NEWEST = "1.30", kubernetes_validate.utils.latest_version()
 WORKLOADS = ("StatefulSet", "Deployment")
-WORKLOAD_OF = {"learner": ("StatefulSet", "learner"), "rollout": ("StatefulSet", "rollout"),
-               "sandbox": ("Deployment", "sandbox")}  # fmt: skip
+WORKLOAD_OF = {
+    "learner": ("StatefulSet", "learner"),
+    "rollout": ("StatefulSet", "rollout"),
+    "sandbox": ("Deployment", "sandbox"),
+}
 
 
 def render(job: RLJob, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -67,8 +70,10 @@ def assert_valid_kubernetes(objects: list[dict[str, Any]]) -> None:
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as err:
-                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
-                            f"{'.'.join(map(str, err.path))}: {err.message}")  # fmt: skip
+                pytest.fail(
+                    f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
+                    f"{'.'.join(map(str, err.path))}: {err.message}"
+                )
 
 
 def assert_valid_kueue_workload(workload: dict[str, Any]) -> None:
@@ -79,8 +84,12 @@ def assert_valid_kueue_workload(workload: dict[str, Any]) -> None:
     assert 1 <= len(workload["spec"]["podSets"]) <= 8  # Kueue's limit
     for pod_set in workload["spec"]["podSets"]:
         assert set(pod_set) == {"name", "count", "template"} and pod_set["count"] >= 1
-        template = {"apiVersion": "v1", "kind": "PodTemplate", "template": pod_set["template"],
-                    "metadata": {"name": pod_set["name"], "namespace": workload["metadata"]["namespace"]}}  # fmt: skip
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "template": pod_set["template"],
+            "metadata": {"name": pod_set["name"], "namespace": workload["metadata"]["namespace"]},
+        }
         assert_valid_kubernetes([template])
 
 
@@ -106,9 +115,21 @@ def test_every_example_renders_valid_kubernetes(example):
     objects = render(example)
     assert_valid_kubernetes(objects)
     kinds = [o["kind"] for o in objects if o["kind"] != "Workload"]  # a queued job's (see below)
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "Service", "Service",
-                     "Service", "PodDisruptionBudget", "PodDisruptionBudget", "Deployment", "StatefulSet",
-                     "StatefulSet"]  # fmt: skip
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "NetworkPolicy",
+        "Service",
+        "Service",
+        "Service",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
+        "Deployment",
+        "StatefulSet",
+        "StatefulSet",
+    ]
 
 
 quantity = st.one_of(st.integers(0, 64), st.sampled_from(["500m", "1.5", "16Gi", "200Mi", "1e3"]))
@@ -116,50 +137,75 @@ capacity = st.sampled_from(["on-demand", "spot", "prefer-spot"])
 label_value = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?", fullmatch=True)
 dns_label = st.from_regex(r"[a-z]([a-z0-9-]{0,15}[a-z0-9])?", fullmatch=True)
 toleration = st.fixed_dictionaries(
-    {"key": st.sampled_from(["nvidia.com/gpu", "dedicated", "example.com/pool"]), "operator": st.just("Equal"),
-     "value": label_value},
-    optional={"effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
-              "tolerationSeconds": st.integers(0, 3600)},
-)  # fmt: skip
+    {
+        "key": st.sampled_from(["nvidia.com/gpu", "dedicated", "example.com/pool"]),
+        "operator": st.just("Equal"),
+        "value": label_value,
+    },
+    optional={
+        "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        "tolerationSeconds": st.integers(0, 3600),
+    },
+)
 placement = st.fixed_dictionaries(
     {},
-    optional={"nodeSelector": st.dictionaries(st.sampled_from(["pool", "example.com/gpu", "zone"]), label_value,
-                                              max_size=2),
-              "tolerations": st.lists(toleration, max_size=2)},
-)  # fmt: skip
+    optional={
+        "nodeSelector": st.dictionaries(st.sampled_from(["pool", "example.com/gpu", "zone"]), label_value, max_size=2),
+        "tolerations": st.lists(toleration, max_size=2),
+    },
+)
 
 
 @st.composite
 def valid_jobs(draw) -> RLJob:
     """RLJobs varying everything the builders read; the rest keeps its defaults."""
     tier_resources = st.fixed_dictionaries(
-        {}, optional={"requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), quantity, max_size=2),
-                      "limits": st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), quantity,
-                                                max_size=3)})  # fmt: skip
+        {},
+        optional={
+            "requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), quantity, max_size=2),
+            "limits": st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), quantity, max_size=3),
+        },
+    )
     min_replicas = draw(st.integers(0, 50))
     spec: dict[str, Any] = {
         "model": {"uri": draw(st.sampled_from(["s3://models/x", "runs/models/tiny"]))},
-        "learner": {"replicas": draw(st.integers(1, 64)), "image": "registry.example.com/learner:1",
-                    "resources": draw(tier_resources)},
-        "rollout": {"replicas": draw(st.integers(1, 32)), "resources": draw(tier_resources),
-                    "concurrentSessions": draw(st.integers(1, 500))},
-        "sandbox": {"minReplicas": min_replicas, "maxReplicas": min_replicas + draw(st.integers(1, 10)),
-                    "egress": draw(st.sampled_from(["deny", "allow"])), "resources": draw(tier_resources),
-                    "session": {"timeout": draw(st.sampled_from(["30m", "1h30m", "90s"]))}},
-        "checkpoint": draw(st.fixed_dictionaries(
-            {"uri": st.just("s3://ckpt/job")},
-            optional={"credentialsSecret": dns_label, "endpointUrl": st.just("http://minio.storage:9000")})),
-        "scheduling": {"spot": {t: draw(capacity) for t in ("learner", "rollout", "sandbox")},
-                       **{t: draw(placement) for t in ("learner", "rollout", "sandbox")}},
+        "learner": {
+            "replicas": draw(st.integers(1, 64)),
+            "image": "registry.example.com/learner:1",
+            "resources": draw(tier_resources),
+        },
+        "rollout": {
+            "replicas": draw(st.integers(1, 32)),
+            "resources": draw(tier_resources),
+            "concurrentSessions": draw(st.integers(1, 500)),
+        },
+        "sandbox": {
+            "minReplicas": min_replicas,
+            "maxReplicas": min_replicas + draw(st.integers(1, 10)),
+            "egress": draw(st.sampled_from(["deny", "allow"])),
+            "resources": draw(tier_resources),
+            "session": {"timeout": draw(st.sampled_from(["30m", "1h30m", "90s"]))},
+        },
+        "checkpoint": draw(
+            st.fixed_dictionaries(
+                {"uri": st.just("s3://ckpt/job")},
+                optional={"credentialsSecret": dns_label, "endpointUrl": st.just("http://minio.storage:9000")},
+            )
+        ),
+        "scheduling": {
+            "spot": {t: draw(capacity) for t in ("learner", "rollout", "sandbox")},
+            **{t: draw(placement) for t in ("learner", "rollout", "sandbox")},
+        },
         "suspend": draw(st.booleans()),
-    }  # fmt: skip
+    }
     if draw(st.booleans()):
         spec["sandbox"]["runtimeClassName"] = draw(st.sampled_from(["gvisor", "kata-qemu"]))
     if draw(st.booleans()):
         spec["scheduling"]["priorityClassName"] = draw(dns_label)
-    metadata = {"name": draw(st.from_regex(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", fullmatch=True)),
-                "labels": draw(st.dictionaries(st.sampled_from(["team", "example.com/project"]), label_value,
-                                               max_size=2))}  # fmt: skip
+    metadata = {
+        "name": draw(st.from_regex(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", fullmatch=True)),
+        "labels": draw(st.dictionaries(st.sampled_from(["team", "example.com/project"]), label_value, max_size=2)),
+    }
     if draw(st.booleans()):
         metadata["namespace"] = draw(dns_label)
     manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": metadata, "spec": spec}
@@ -213,8 +259,9 @@ def assert_security_properties(job: RLJob, objects: list[dict[str, Any]]) -> Non
     assert policy["podSelector"]["matchLabels"] == sandbox_pods
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     rollout_pods = one(objects, "StatefulSet", "rollout")["spec"]["selector"]["matchLabels"]
-    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": rollout_pods}}],
-                                  "ports": [{"protocol": "TCP", "port": 8700}]}]  # fmt: skip
+    assert policy["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": rollout_pods}}], "ports": [{"protocol": "TCP", "port": 8700}]}
+    ]
     if job.spec.sandbox.egress == "deny":
         assert policy["egress"] == []
     else:
@@ -273,7 +320,7 @@ def test_the_sandbox_pod_has_a_user_namespace_the_supervisors_capabilities_and_r
         ({APPARMOR_ENV: "localhost/sbx"}, False, {"type": "Localhost", "localhostProfile": "sbx"}),
     ],
     ids=["default", "no-user-namespaces", "runtime-default-apparmor", "localhost-apparmor"],
-)  # fmt: skip
+)
 def test_the_operator_environment_says_what_the_cluster_supports(monkeypatch, env, host_users, apparmor):
     for name in (USER_NAMESPACE_ENV, APPARMOR_ENV):
         monkeypatch.delenv(name, raising=False)
@@ -332,8 +379,10 @@ def test_the_learner_is_one_pod_per_rank_with_c10d_rendezvous_on_pod_zero(exampl
     # the same entrypoint as `kuberl run` (kuberl/local/processes.py), on the mounted job file
     assert argv[argv.index("-m") + 1 :][:3] == ["kuberl.cli", "learner", "/etc/kuberl/job.yaml"]
     rollout_urls = [argv[i + 1] for i, a in enumerate(argv) if a == "--rollout-url"]
-    assert rollout_urls == [f"http://{example.name}-rollout-{i}.{example.name}-rollout.team.svc:8800"
-                            for i in range(example.spec.rollout.replicas)]  # fmt: skip
+    assert rollout_urls == [
+        f"http://{example.name}-rollout-{i}.{example.name}-rollout.team.svc:8800"
+        for i in range(example.spec.rollout.replicas)
+    ]
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "kuberl_trainer.final_checkpoint"]
     assert pod_spec(statefulset)["terminationGracePeriodSeconds"] >= 300
     assert one(objects, "PodDisruptionBudget", "learner")["spec"]["minAvailable"] == ranks
@@ -408,12 +457,25 @@ def test_a_queued_job_is_one_kueue_workload_with_a_pod_set_per_tier():
     assert workload["kind"] == "Workload" and workload["spec"]["queueName"] == job.spec.scheduling.queue_name
     assert workload["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == job.spec.scheduling.queue_name
     counts = {p["name"]: p["count"] for p in workload["spec"]["podSets"]}
-    assert counts == {"learner": job.spec.learner.replicas, "rollout": job.spec.rollout.replicas,
-                      "sandbox": job.spec.sandbox.min_replicas}  # fmt: skip
+    assert counts == {
+        "learner": job.spec.learner.replicas,
+        "rollout": job.spec.rollout.replicas,
+        "sandbox": job.spec.sandbox.min_replicas,
+    }
     for pod_set in workload["spec"]["podSets"]:  # Kueue charges quota for exactly the pods the tiers run
         assert pod_set["template"] == one(objects, *WORKLOAD_OF[pod_set["name"]])["spec"]["template"]
-    assert not any(o["kind"] == "Workload" for o in render(job.model_copy(update={"spec": job.spec.model_copy(
-        update={"scheduling": job.spec.scheduling.model_copy(update={"queue_name": None})})})))  # fmt: skip
+    assert not any(
+        o["kind"] == "Workload"
+        for o in render(
+            job.model_copy(
+                update={
+                    "spec": job.spec.model_copy(
+                        update={"scheduling": job.spec.scheduling.model_copy(update={"queue_name": None})}
+                    )
+                }
+            )
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------- placement
@@ -430,8 +492,12 @@ def test_spot_policy_becomes_node_affinity_and_tolerations():
     rollout = pod_spec(one(objects, "StatefulSet", "rollout"))
     preferred = rollout["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert {p["preference"]["matchExpressions"][0]["key"] for p in preferred} == {k for k, _ in SPOT_NODE_LABELS}
-    assert {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
-            "effect": "NoSchedule"} in rollout["tolerations"]  # fmt: skip
+    assert {
+        "key": "kubernetes.azure.com/scalesetpriority",
+        "operator": "Equal",
+        "value": "spot",
+        "effect": "NoSchedule",
+    } in rollout["tolerations"]
     sandbox = pod_spec(one(objects, "Deployment", "sandbox"))
     terms = sandbox["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert [t["matchExpressions"][0]["operator"] for t in terms] == ["In"] * len(SPOT_NODE_LABELS)

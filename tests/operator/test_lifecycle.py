@@ -48,77 +48,232 @@ CKPT = CheckpointRef(step=40, uri="s3://b/ckpt/step-40")
 
 # (name, spec, status, observed, expected phase, expected reason, expected action kinds)
 TRANSITIONS = [
-    ("created", spec(), status(Phase.PENDING), Observed(NOW, tiers(learner=(2, 0))),
-     Phase.INITIALIZING, Reason.CREATING_WORKERS, []),
-    ("waiting for pods", spec(), status(Phase.INITIALIZING), Observed(NOW, tiers(rollout=(2, 1))),
-     Phase.INITIALIZING, None, []),
-    ("all ready", spec(), status(Phase.INITIALIZING), Observed(NOW, tiers()),
-     Phase.RUNNING, Reason.TRAINING, []),
-    ("learner pod failed", spec(), status(Phase.RUNNING, last_checkpoint=CKPT),
-     Observed(NOW, tiers(learner=(2, 1), learner_failed=("j-learner-1",))),
-     Phase.RECOVERING, Reason.WORKER_LOST, [ActionKind.RESTART_LEARNER_GANG]),
-    ("learner preempted", spec(), status(Phase.RUNNING),
-     Observed(NOW, tiers(learner=(2, 1), learner_disrupted=("j-learner-0",))),
-     Phase.RECOVERING, Reason.PREEMPTED, [ActionKind.RESTART_LEARNER_GANG]),
-    ("recovered", spec(), status(Phase.RECOVERING), Observed(NOW, tiers()),
-     Phase.RUNNING, Reason.TRAINING, []),
-    ("rollout pod failed", spec(), status(Phase.RUNNING),
-     Observed(NOW, tiers(rollout=(2, 1), rollout_failed=("j-rollout-1",))),
-     Phase.RUNNING, None, [ActionKind.REPLACE_PODS]),
-    ("retry budget exhausted", spec(), status(Phase.RUNNING, restarts=PerTier(learner=2)),
-     Observed(NOW, tiers(learner_failed=("j-learner-0",))),
-     Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
-    ("rollout budget exhausted", spec(), status(Phase.RUNNING, restarts=PerTier(rollout=2)),
-     Observed(NOW, tiers(rollout_failed=("j-rollout-0",))),
-     Phase.FAILED, Reason.RETRY_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
-    ("suspended", spec().model_copy(update={"suspend": True}), status(Phase.RUNNING), Observed(NOW, tiers()),
-     Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, [ActionKind.SCALE_TO_ZERO]),
-    ("resumed", spec(), status(Phase.SUSPENDED), Observed(NOW, tiers(learner=(2, 0))),
-     Phase.INITIALIZING, Reason.CREATING_WORKERS, [ActionKind.APPLY]),
-    ("queued", queued(), status(Phase.PENDING), Observed(NOW, tiers(learner=(0, 0)), admitted=False),
-     Phase.SUSPENDED, Reason.WAITING_FOR_ADMISSION, [ActionKind.SCALE_TO_ZERO]),
-    ("admitted", queued(), status(Phase.SUSPENDED, reason=Reason.WAITING_FOR_ADMISSION),
-     Observed(NOW, tiers(learner=(2, 0)), admitted=True), Phase.INITIALIZING, Reason.CREATING_WORKERS,
-     [ActionKind.APPLY]),
-    ("evicted by kueue", queued(), status(Phase.RUNNING), Observed(NOW, tiers(), admitted=False),
-     Phase.SUSPENDED, Reason.WAITING_FOR_ADMISSION, [ActionKind.SCALE_TO_ZERO]),
-    ("still queued", queued(), status(Phase.SUSPENDED, reason=Reason.WAITING_FOR_ADMISSION),
-     Observed(NOW, tiers(learner=(0, 0)), admitted=False), Phase.SUSPENDED, Reason.WAITING_FOR_ADMISSION, []),
-    ("completed", spec(), status(Phase.RUNNING, step=100), Observed(NOW, tiers()),
-     Phase.SUCCEEDED, Reason.COMPLETED, [ActionKind.SCALE_TO_ZERO]),
-    ("max steps", spec(maxSteps=120).model_copy(update={"training": spec().training.model_copy(
-        update={"total_steps": 200})}), status(Phase.RUNNING, step=120), Observed(NOW, tiers()),
-     Phase.STOPPED, Reason.MAX_STEPS_REACHED, [ActionKind.SCALE_TO_ZERO]),
-    ("max wall clock", spec(maxWallClock="1h"), status(Phase.RUNNING, running_seconds=3590.0),
-     Observed(NOW, tiers(), metered_at=NOW - timedelta(seconds=10)),
-     Phase.STOPPED, Reason.MAX_WALL_CLOCK_REACHED, [ActionKind.SCALE_TO_ZERO]),
-    ("gpu hours", spec(maxGpuHours=10.0), status(Phase.RUNNING, gpu_hours=9.9),
-     Observed(NOW, tiers(), gpus_in_use=8.0, metered_at=NOW - timedelta(minutes=1)),
-     Phase.STOPPED, Reason.GPU_HOUR_BUDGET_EXHAUSTED, [ActionKind.SCALE_TO_ZERO]),
-    ("no progress", spec(noProgressTimeout="30m"), status(Phase.RUNNING, step=5),
-     Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=31)),
-     Phase.FAILED, Reason.NO_PROGRESS, [ActionKind.SCALE_TO_ZERO]),
-    ("progress within timeout", spec(noProgressTimeout="30m"), status(Phase.RUNNING, step=5),
-     Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=29)), Phase.RUNNING, None, []),
-    ("learner non-finite loss", spec(), status(Phase.RUNNING),
-     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.NON_FINITE_LOSS, "3 steps non-finite")),
-     Phase.FAILED, Reason.NON_FINITE_LOSS, [ActionKind.SCALE_TO_ZERO]),
-    ("learner mismatch kl", spec(), status(Phase.RUNNING),
-     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MISMATCH_KL_EXCEEDED)),
-     Phase.FAILED, Reason.MISMATCH_KL_EXCEEDED, [ActionKind.SCALE_TO_ZERO]),
-    ("learner found no learning signal", spec(), status(Phase.RUNNING),
-     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.NO_LEARNING_SIGNAL, "10 batches without signal")),
-     Phase.FAILED, Reason.NO_LEARNING_SIGNAL, [ActionKind.SCALE_TO_ZERO]),
-    ("learner reached max steps", spec(), status(Phase.RUNNING),
-     Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MAX_STEPS_REACHED)),
-     Phase.STOPPED, Reason.MAX_STEPS_REACHED, [ActionKind.SCALE_TO_ZERO]),
-    ("terminal is final", spec(), status(Phase.STOPPED, reason=Reason.NO_PROGRESS),
-     Observed(NOW, tiers(learner_failed=("x",))), Phase.STOPPED, Reason.NO_PROGRESS, []),
-]  # fmt: skip
+    (
+        "created",
+        spec(),
+        status(Phase.PENDING),
+        Observed(NOW, tiers(learner=(2, 0))),
+        Phase.INITIALIZING,
+        Reason.CREATING_WORKERS,
+        [],
+    ),
+    (
+        "waiting for pods",
+        spec(),
+        status(Phase.INITIALIZING),
+        Observed(NOW, tiers(rollout=(2, 1))),
+        Phase.INITIALIZING,
+        None,
+        [],
+    ),
+    ("all ready", spec(), status(Phase.INITIALIZING), Observed(NOW, tiers()), Phase.RUNNING, Reason.TRAINING, []),
+    (
+        "learner pod failed",
+        spec(),
+        status(Phase.RUNNING, last_checkpoint=CKPT),
+        Observed(NOW, tiers(learner=(2, 1), learner_failed=("j-learner-1",))),
+        Phase.RECOVERING,
+        Reason.WORKER_LOST,
+        [ActionKind.RESTART_LEARNER_GANG],
+    ),
+    (
+        "learner preempted",
+        spec(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(learner=(2, 1), learner_disrupted=("j-learner-0",))),
+        Phase.RECOVERING,
+        Reason.PREEMPTED,
+        [ActionKind.RESTART_LEARNER_GANG],
+    ),
+    ("recovered", spec(), status(Phase.RECOVERING), Observed(NOW, tiers()), Phase.RUNNING, Reason.TRAINING, []),
+    (
+        "rollout pod failed",
+        spec(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(rollout=(2, 1), rollout_failed=("j-rollout-1",))),
+        Phase.RUNNING,
+        None,
+        [ActionKind.REPLACE_PODS],
+    ),
+    (
+        "retry budget exhausted",
+        spec(),
+        status(Phase.RUNNING, restarts=PerTier(learner=2)),
+        Observed(NOW, tiers(learner_failed=("j-learner-0",))),
+        Phase.FAILED,
+        Reason.RETRY_BUDGET_EXHAUSTED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "rollout budget exhausted",
+        spec(),
+        status(Phase.RUNNING, restarts=PerTier(rollout=2)),
+        Observed(NOW, tiers(rollout_failed=("j-rollout-0",))),
+        Phase.FAILED,
+        Reason.RETRY_BUDGET_EXHAUSTED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "suspended",
+        spec().model_copy(update={"suspend": True}),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers()),
+        Phase.SUSPENDED,
+        Reason.SUSPENDED_BY_USER,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "resumed",
+        spec(),
+        status(Phase.SUSPENDED),
+        Observed(NOW, tiers(learner=(2, 0))),
+        Phase.INITIALIZING,
+        Reason.CREATING_WORKERS,
+        [ActionKind.APPLY],
+    ),
+    (
+        "queued",
+        queued(),
+        status(Phase.PENDING),
+        Observed(NOW, tiers(learner=(0, 0)), admitted=False),
+        Phase.SUSPENDED,
+        Reason.WAITING_FOR_ADMISSION,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "admitted",
+        queued(),
+        status(Phase.SUSPENDED, reason=Reason.WAITING_FOR_ADMISSION),
+        Observed(NOW, tiers(learner=(2, 0)), admitted=True),
+        Phase.INITIALIZING,
+        Reason.CREATING_WORKERS,
+        [ActionKind.APPLY],
+    ),
+    (
+        "evicted by kueue",
+        queued(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(), admitted=False),
+        Phase.SUSPENDED,
+        Reason.WAITING_FOR_ADMISSION,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "still queued",
+        queued(),
+        status(Phase.SUSPENDED, reason=Reason.WAITING_FOR_ADMISSION),
+        Observed(NOW, tiers(learner=(0, 0)), admitted=False),
+        Phase.SUSPENDED,
+        Reason.WAITING_FOR_ADMISSION,
+        [],
+    ),
+    (
+        "completed",
+        spec(),
+        status(Phase.RUNNING, step=100),
+        Observed(NOW, tiers()),
+        Phase.SUCCEEDED,
+        Reason.COMPLETED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "max steps",
+        spec(maxSteps=120).model_copy(update={"training": spec().training.model_copy(update={"total_steps": 200})}),
+        status(Phase.RUNNING, step=120),
+        Observed(NOW, tiers()),
+        Phase.STOPPED,
+        Reason.MAX_STEPS_REACHED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "max wall clock",
+        spec(maxWallClock="1h"),
+        status(Phase.RUNNING, running_seconds=3590.0),
+        Observed(NOW, tiers(), metered_at=NOW - timedelta(seconds=10)),
+        Phase.STOPPED,
+        Reason.MAX_WALL_CLOCK_REACHED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "gpu hours",
+        spec(maxGpuHours=10.0),
+        status(Phase.RUNNING, gpu_hours=9.9),
+        Observed(NOW, tiers(), gpus_in_use=8.0, metered_at=NOW - timedelta(minutes=1)),
+        Phase.STOPPED,
+        Reason.GPU_HOUR_BUDGET_EXHAUSTED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "no progress",
+        spec(noProgressTimeout="30m"),
+        status(Phase.RUNNING, step=5),
+        Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=31)),
+        Phase.FAILED,
+        Reason.NO_PROGRESS,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "progress within timeout",
+        spec(noProgressTimeout="30m"),
+        status(Phase.RUNNING, step=5),
+        Observed(NOW, tiers(), last_progress=NOW - timedelta(minutes=29)),
+        Phase.RUNNING,
+        None,
+        [],
+    ),
+    (
+        "learner non-finite loss",
+        spec(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.NON_FINITE_LOSS, "3 steps non-finite")),
+        Phase.FAILED,
+        Reason.NON_FINITE_LOSS,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "learner mismatch kl",
+        spec(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MISMATCH_KL_EXCEEDED)),
+        Phase.FAILED,
+        Reason.MISMATCH_KL_EXCEEDED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "learner found no learning signal",
+        spec(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.NO_LEARNING_SIGNAL, "10 batches without signal")),
+        Phase.FAILED,
+        Reason.NO_LEARNING_SIGNAL,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "learner reached max steps",
+        spec(),
+        status(Phase.RUNNING),
+        Observed(NOW, tiers(), learner_stop=LearnerStop(Reason.MAX_STEPS_REACHED)),
+        Phase.STOPPED,
+        Reason.MAX_STEPS_REACHED,
+        [ActionKind.SCALE_TO_ZERO],
+    ),
+    (
+        "terminal is final",
+        spec(),
+        status(Phase.STOPPED, reason=Reason.NO_PROGRESS),
+        Observed(NOW, tiers(learner_failed=("x",))),
+        Phase.STOPPED,
+        Reason.NO_PROGRESS,
+        [],
+    ),
+]
 
 
-@pytest.mark.parametrize(("spec_", "old", "observed", "phase", "reason", "kinds"),
-                         [row[1:] for row in TRANSITIONS], ids=[row[0] for row in TRANSITIONS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("spec_", "old", "observed", "phase", "reason", "kinds"),
+    [row[1:] for row in TRANSITIONS],
+    ids=[row[0] for row in TRANSITIONS],
+)
 def test_transition(spec_, old, observed, phase, reason, kinds):
     decision = next_state(spec_, old, observed)
     assert decision.status.phase == phase
@@ -131,12 +286,15 @@ def test_transition(spec_, old, observed, phase, reason, kinds):
         assert not decision.events
 
 
-@pytest.mark.parametrize("progress", [
-    Progress(5, 1.0, consecutive_skipped=3, mismatch_kl=0.0),
-    Progress(5, 1.0, consecutive_skipped=0, mismatch_kl=1.0),
-    Progress(5, 1.0, consecutive_skipped=0, mismatch_kl=0.0, batches_without_signal=10),
-    Progress(100, 1.0, consecutive_skipped=0, mismatch_kl=0.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "progress",
+    [
+        Progress(5, 1.0, consecutive_skipped=3, mismatch_kl=0.0),
+        Progress(5, 1.0, consecutive_skipped=0, mismatch_kl=1.0),
+        Progress(5, 1.0, consecutive_skipped=0, mismatch_kl=0.0, batches_without_signal=10),
+        Progress(100, 1.0, consecutive_skipped=0, mismatch_kl=0.0),
+    ],
+)
 def test_a_learner_breaker_gets_the_phase_the_learner_gave_it(progress):
     # the learner reports its reason only (the LearnerStopped condition); the operator must agree on the phase
     limits = spec(maxMismatchKl=0.5)
@@ -175,15 +333,19 @@ def test_running_sets_start_time_once_and_ready_condition():
     assert decision.status.start_time == NOW
     ready = {c.type: c for c in decision.status.conditions}["Ready"]
     assert ready.status == "True" and ready.last_transition_time == NOW
-    later = next_state(spec(), decision.status.model_copy(update={"phase": Phase.RECOVERING}),
-                       Observed(NOW + timedelta(hours=1), tiers()))  # fmt: skip
+    later = next_state(
+        spec(),
+        decision.status.model_copy(update={"phase": Phase.RECOVERING}),
+        Observed(NOW + timedelta(hours=1), tiers()),
+    )
     assert later.status.start_time == NOW
 
 
 def test_wall_clock_excludes_time_suspended():
     metered = NOW - timedelta(minutes=10)
-    running = next_state(spec(), status(Phase.RUNNING, running_seconds=100.0), Observed(NOW, tiers(),
-                         metered_at=metered))  # fmt: skip
+    running = next_state(
+        spec(), status(Phase.RUNNING, running_seconds=100.0), Observed(NOW, tiers(), metered_at=metered)
+    )
     assert running.status.running_seconds == 700.0
     suspended = next_state(
         spec().model_copy(update={"suspend": True}),
@@ -194,8 +356,14 @@ def test_wall_clock_excludes_time_suspended():
 
 
 def test_gpu_hours_are_metered_per_tier_and_on_spot():
-    observed = Observed(NOW, tiers(), gpus_in_use=10.0, gpus_by_tier={"learner": 8.0, "rollout": 2.0},
-                        spot_gpus_by_tier={"rollout": 2.0}, metered_at=NOW - timedelta(minutes=30))  # fmt: skip
+    observed = Observed(
+        NOW,
+        tiers(),
+        gpus_in_use=10.0,
+        gpus_by_tier={"learner": 8.0, "rollout": 2.0},
+        spot_gpus_by_tier={"rollout": 2.0},
+        metered_at=NOW - timedelta(minutes=30),
+    )
     metered = next_state(spec(), status(Phase.RUNNING), observed).status
     assert metered.gpu_hours == 5.0
     assert metered.gpu_hours_by_tier.model_dump() == {"learner": 4.0, "rollout": 1.0, "sandbox": 0.0}

@@ -68,8 +68,10 @@ def test_a_preemption_notice_on_the_node_disrupts_its_pods_before_it_goes():
 
 def test_node_capacity_reads_the_clouds_spot_labels_and_notice_taints():
     gke_spot = {"metadata": {"labels": {"cloud.google.com/gke-spot": "true"}}}
-    reclaimed = {**gke_spot, "spec": {"taints": [{"key": "cloud.google.com/impending-node-termination",
-                                                  "effect": "NoSchedule"}]}}  # fmt: skip
+    reclaimed = {
+        **gke_spot,
+        "spec": {"taints": [{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}]},
+    }
     karpenter = {"metadata": {"labels": {"karpenter.sh/capacity-type": "on-demand"}}}
     assert node_capacity(gke_spot) == NodeCapacity(spot=True, notice=False)
     assert node_capacity(reclaimed) == NodeCapacity(spot=True, notice=True)
@@ -81,8 +83,12 @@ def test_gpus_split_by_tier_and_by_spot_nodes():
     nodes = {"spot": NodeCapacity(spot=True, notice=False), "od": NodeCapacity(spot=False, notice=False)}
     on = lambda p, node: {**p, "spec": {**p["spec"], "nodeName": node}}  # noqa: E731
     pending = pod("d", "rollout", phase="Pending", gpus=2)
-    pods = [on(pod("a", "learner", gpus=8), "od"), on(pod("b", "rollout", gpus=2), "spot"),
-            on(pod("c", "rollout", gpus=2), "od"), on(pending, "spot")]  # fmt: skip
+    pods = [
+        on(pod("a", "learner", gpus=8), "od"),
+        on(pod("b", "rollout", gpus=2), "spot"),
+        on(pod("c", "rollout", gpus=2), "od"),
+        on(pending, "spot"),
+    ]
     total, spot = gpus_by_tier(pods, nodes)
     assert total == {"learner": 8.0, "rollout": 4.0, "sandbox": 0.0}
     assert spot == {"learner": 0.0, "rollout": 2.0, "sandbox": 0.0}
@@ -115,8 +121,10 @@ def test_learner_stop_comes_from_its_condition():
 
 def test_contains_ignores_server_fields_but_not_changed_ones():
     desired = {"spec": {"replicas": 2, "ports": [{"port": 80}]}, "metadata": {"name": "a"}}
-    existing = {"spec": {"replicas": 2, "ports": [{"port": 80, "protocol": "TCP"}]},
-                "metadata": {"name": "a", "uid": "u", "resourceVersion": "7"}}  # fmt: skip
+    existing = {
+        "spec": {"replicas": 2, "ports": [{"port": 80, "protocol": "TCP"}]},
+        "metadata": {"name": "a", "uid": "u", "resourceVersion": "7"},
+    }
     assert contains(existing, desired)
     assert not contains(existing, {**desired, "spec": {"replicas": 0, "ports": [{"port": 80}]}})
     assert not contains(existing, {**desired, "spec": {"replicas": 2, "ports": [{"port": 80}, {"port": 81}]}})

@@ -55,16 +55,26 @@ class Operator(OperatorProcess):
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
         self.metrics_port = free_port()
-        super().__init__(kubeconfig, log, {"KUBERL_OPERATOR_INTERVAL": "1", "KUBERL_WATCH_SERVER_TIMEOUT": "60",
-                                           "KUBERL_OPERATOR_METRICS_PORT": str(self.metrics_port),
-                                           "KUBERL_OPERATOR_AUTOSCALE_INTERVAL": "1"})  # fmt: skip
+        super().__init__(
+            kubeconfig,
+            log,
+            {
+                "KUBERL_OPERATOR_INTERVAL": "1",
+                "KUBERL_WATCH_SERVER_TIMEOUT": "60",
+                "KUBERL_OPERATOR_METRICS_PORT": str(self.metrics_port),
+                "KUBERL_OPERATOR_AUTOSCALE_INTERVAL": "1",
+            },
+        )
 
     def metrics(self) -> dict[str, float]:
         """The operator's /metrics as {'name{labels}': value}."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
             text = response.read().decode()
-        return {sample.name + json.dumps(sample.labels, sort_keys=True): sample.value
-                for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
+        return {
+            sample.name + json.dumps(sample.labels, sort_keys=True): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +116,17 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) ->
 
 def create_job(api: Api, name: str, **spec: Any) -> None:
     manifest = {
-        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
         "metadata": {"name": name, "namespace": NS},  # uid and resourceVersion come from the emulator
-        "spec": {"model": {"uri": "s3://models/tiny"}, "checkpoint": {"uri": "s3://ckpt/jobs"},
-                 "learner": {"replicas": 2}, "rollout": {"replicas": 2}, **spec},
-    }  # fmt: skip
+        "spec": {
+            "model": {"uri": "s3://models/tiny"},
+            "checkpoint": {"uri": "s3://ckpt/jobs"},
+            "learner": {"replicas": 2},
+            "rollout": {"replicas": 2},
+            **spec,
+        },
+    }
     api.post(RLJOBS, manifest)
 
 
@@ -130,12 +146,20 @@ def start_pods(api: Api, job: str, tier: str, count: int, first: int = 0) -> lis
     uids = []
     for i in range(first, first + count):
         uid = str(uuid.uuid4())
-        api.post(PODS, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{job}-{tier}-{i}", "namespace": NS, "uid": uid,
-                         "labels": {"kuberl.io/job": job, "kuberl.io/tier": tier}},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
-        })  # fmt: skip
+        api.post(
+            PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{job}-{tier}-{i}",
+                    "namespace": NS,
+                    "uid": uid,
+                    "labels": {"kuberl.io/job": job, "kuberl.io/tier": tier},
+                },
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            },
+        )
         uids.append(uid)
     return uids
 
@@ -145,8 +169,11 @@ def start_all(api: Api, job: str) -> dict[str, list[str]]:
 
 
 def pod_uids(api: Api, job: str, tier: str) -> list[str]:
-    return sorted(p["metadata"]["uid"] for p in api.items(PODS) if p["metadata"]["labels"].get("kuberl.io/job") == job
-                  and p["metadata"]["labels"].get("kuberl.io/tier") == tier)  # fmt: skip
+    return sorted(
+        p["metadata"]["uid"]
+        for p in api.items(PODS)
+        if p["metadata"]["labels"].get("kuberl.io/job") == job and p["metadata"]["labels"].get("kuberl.io/tier") == tier
+    )
 
 
 def children(api: Api, job: str) -> list[dict[str, Any] | None]:
@@ -180,7 +207,7 @@ def test_job_runs_recovers_from_a_learner_failure_and_replaces_rollout_pods(clus
                 "lastCheckpoint": {"step": 4, "uri": "s3://ckpt/jobs/train/step-4"},
             }
         },
-    )  # fmt: skip  (what the learner reports)
+    )  # what the learner reports
     running = wait_phase(api, "train", "Running")
     assert running["step"] == 5 and running["readyWorkers"] == {"learner": 2, "rollout": 2, "sandbox": 1}
     assert running["startTime"]
@@ -206,16 +233,23 @@ def test_job_runs_recovers_from_a_learner_failure_and_replaces_rollout_pods(clus
     start_pods(api, "train", "rollout", 1, first=1)  # the StatefulSet controller's replacement
 
     # a spot preemption of a learner pod restarts the gang but spends no retry budget
-    api.patch(f"{PODS}/train-learner-0", {"status": {"conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}})  # fmt: skip
+    api.patch(
+        f"{PODS}/train-learner-0",
+        {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}},
+    )
     preempted = wait_phase(api, "train", "Recovering")
     assert preempted["reason"] == "Preempted" and preempted["preemptions"] == 1
     assert preempted["restarts"]["learner"] == 1
     wait_for("learner gang deleted", lambda: not pod_uids(api, "train", "learner"))
     start_pods(api, "train", "learner", 2)
     wait_phase(api, "train", "Running")
-    wait_for("transition events", lambda: {"CreatingWorkers", "Training", "WorkerLost", "WorkerReplaced",
-                                           "Preempted"} <= set(event_reasons(api, "train")))  # fmt: skip
+    wait_for(
+        "transition events",
+        lambda: (
+            {"CreatingWorkers", "Training", "WorkerLost", "WorkerReplaced", "Preempted"}
+            <= set(event_reasons(api, "train"))
+        ),
+    )
 
 
 def test_suspend_checkpoints_and_scales_to_zero_and_resume_continues_from_that_checkpoint(cluster):
@@ -260,12 +294,17 @@ def test_a_preemption_notice_on_a_rollout_node_replaces_its_pod_without_spending
     start_all(api, "notice")
     wait_phase(api, "notice", "Running")
     learners = pod_uids(api, "notice", "learner")
-    api.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
-        "name": "spot-a", "labels": {"karpenter.sh/capacity-type": "spot"}}})  # fmt: skip
+    api.post(
+        "/api/v1/nodes",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "spot-a", "labels": {"karpenter.sh/capacity-type": "spot"}},
+        },
+    )
     api.patch(f"{PODS}/notice-rollout-1", {"spec": {"nodeName": "spot-a"}})
     # the cloud announces the reclaim with a taint on the node
-    api.patch("/api/v1/nodes/spot-a", {"spec": {"taints": [
-        {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})  # fmt: skip
+    api.patch("/api/v1/nodes/spot-a", {"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
     wait_for("preempted pod deleted", lambda: api.get(f"{PODS}/notice-rollout-1") is None)
     preempted = status(api, "notice")
     assert preempted["preemptions"] == 1 and not any((preempted.get("restarts") or {}).values())
@@ -314,9 +353,13 @@ def test_the_sandbox_tier_follows_the_rollout_tiers_demand(cluster):
     start_pods(api, "scaled", "sandbox", 1)
     for i, port in enumerate(ports):
         start_pods(api, "scaled", "rollout", 1, first=i)
-        api.patch(f"{PODS}/scaled-rollout-{i}", {
-            "spec": {"containers": [{"name": "rollout", "ports": [{"name": "http", "containerPort": port}]}]},
-            "status": {"podIP": "127.0.0.1"}})  # fmt: skip
+        api.patch(
+            f"{PODS}/scaled-rollout-{i}",
+            {
+                "spec": {"containers": [{"name": "rollout", "ports": [{"name": "http", "containerPort": port}]}]},
+                "status": {"podIP": "127.0.0.1"},
+            },
+        )
     wait_phase(api, "scaled", "Running")
     sandbox = f"/apis/apps/v1/namespaces/{NS}/deployments/scaled-sandbox"
     time.sleep(2)
@@ -358,8 +401,14 @@ def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limi
 
     # what Prometheus sees: the job's phase, the breaker that tripped, the operator's own handler timings
     ids = {"namespace": NS, "rljob": name}
-    metrics = wait_for("job metrics", lambda: (m := operator.metrics()).get(
-        "kuberl_job_phase" + json.dumps({**ids, "phase": "Stopped"}, sort_keys=True)) == 1 and m)  # fmt: skip
+    metrics = wait_for(
+        "job metrics",
+        lambda: (
+            (m := operator.metrics()).get("kuberl_job_phase" + json.dumps({**ids, "phase": "Stopped"}, sort_keys=True))
+            == 1
+            and m
+        ),
+    )
     assert metrics["kuberl_job_phase" + json.dumps({**ids, "phase": "Running"}, sort_keys=True)] == 0
     assert metrics["kuberl_job_breaker_trips_total" + json.dumps({**ids, "reason": reason}, sort_keys=True)] == 1
     assert metrics["kuberl_job_step" + json.dumps(ids, sort_keys=True)] == step
@@ -384,8 +433,17 @@ def test_safe_spec_changes_apply_and_unsafe_ones_are_refused(cluster):
     wait_for("rollout scaled to 3", lambda: replicas(api, "change").get("rollout") == 3)
     config = api.get(f"{CONFIGMAPS}/change-config")["data"]["job.yaml"]
     api.patch(f"{RLJOBS}/change", {"spec": {"model": {"uri": "s3://models/other"}, "rollout": {"replicas": 1}}})
-    refused = wait_for("refusal condition", lambda: next((c for c in status(api, "change").get("conditions", [])
-                       if c["type"] == "SpecChangeRefused" and c["status"] == "True"), None))  # fmt: skip
+    refused = wait_for(
+        "refusal condition",
+        lambda: next(
+            (
+                c
+                for c in status(api, "change").get("conditions", [])
+                if c["type"] == "SpecChangeRefused" and c["status"] == "True"
+            ),
+            None,
+        ),
+    )
     assert "spec.model" in refused["message"]
     assert api.get(f"{CONFIGMAPS}/change-config")["data"]["job.yaml"] == config
     assert replicas(api, "change")["rollout"] == 3
@@ -441,8 +499,13 @@ def test_the_learners_own_report_drives_the_job(cluster):
     running = wait_phase(api, "report", "Running")
     assert (running["step"], running["policyVersion"], running["rewardMean"]) == (3, 3, 0.25)
 
-    final = RLJobStatus(phase=Phase.STOPPED, reason=Reason.NON_FINITE_LOSS, message="3 non-finite losses in a row",
-                        step=4, policy_version=4)  # fmt: skip
+    final = RLJobStatus(
+        phase=Phase.STOPPED,
+        reason=Reason.NON_FINITE_LOSS,
+        message="3 non-finite losses in a row",
+        step=4,
+        policy_version=4,
+    )
     learner.stopped(final)
     stopped = wait_for("the stop acted on", lambda: (s := status(api, "report"))["reason"] == "NonFiniteLoss" and s)
     assert stopped["phase"] in ("Stopped", "Failed") and "3 non-finite losses" in stopped["message"]

@@ -59,8 +59,10 @@ def test_namespace_option_wins_and_no_uid_means_no_owner_references():
 
 def test_bad_input_fails_with_the_lines_validate_gives(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
-                   "spec: {learner: {replicas: 0}, sandbox: {egres: allow}}\n")  # fmt: skip
+    bad.write_text(
+        "apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
+        "spec: {learner: {replicas: 0}, sandbox: {egres: allow}}\n"
+    )
     rendered, validated = kuberl("render", str(bad)), kuberl("validate", str(bad))
     assert rendered.returncode == validated.returncode == 2
     assert rendered.stdout == ""

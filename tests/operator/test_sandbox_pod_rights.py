@@ -56,12 +56,17 @@ os.execvp(sys.argv[2], sys.argv[2:])
 TASK = {
     "taskId": "rights",
     "prompt": "p",
-    "files": {"app.py": "X = 1\n", "test_app.py": "import unittest\n\nimport app\n\n\nclass T(unittest.TestCase):\n"
-              "    def test_x(self):\n        self.assertEqual(app.X, 1)\n"},
-    "hiddenTests": {"test_hidden.py": "import unittest\n\nimport app\n\n\nclass H(unittest.TestCase):\n"
-                    "    def test_x(self):\n        self.assertEqual(app.X, 1)\n"},
+    "files": {
+        "app.py": "X = 1\n",
+        "test_app.py": "import unittest\n\nimport app\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_x(self):\n        self.assertEqual(app.X, 1)\n",
+    },
+    "hiddenTests": {
+        "test_hidden.py": "import unittest\n\nimport app\n\n\nclass H(unittest.TestCase):\n"
+        "    def test_x(self):\n        self.assertEqual(app.X, 1)\n"
+    },
     "testCommand": "python -m unittest -q",
-}  # fmt: skip
+}
 # What a session may leave for the server to clean up: folders it made unreadable, sticky folders of its
 # own with files in them, in the workspace and in each private temporary folder.
 LITTER = (
@@ -86,8 +91,21 @@ def sandbox_server(capabilities: list[str], user_namespace: bool) -> Iterator[tu
     os.chmod(base, 0o711)
     token, port = secrets.token_hex(16), free_port()
     bounding = ",".join(["-all", *(f"+{c.lower()}" for c in capabilities)])
-    argv = [SETPRIV, f"--bounding-set={bounding}", "--inh-caps=-all", sys.executable, "-m", "kuberl.cli",
-            "sandbox", "--host", "127.0.0.1", "--port", str(port), "--root", str(base / "sessions")]  # fmt: skip
+    argv = [
+        SETPRIV,
+        f"--bounding-set={bounding}",
+        "--inh-caps=-all",
+        sys.executable,
+        "-m",
+        "kuberl.cli",
+        "sandbox",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--root",
+        str(base / "sessions"),
+    ]
     if user_namespace:
         argv = [sys.executable, "-c", ENTER_USER_NAMESPACE, POD_ID_MAP, *argv]
     log = base / "server.log"
@@ -125,7 +143,7 @@ def session_leftovers(sessions: Path) -> list[str]:
     "user_namespace",
     [False, True],
     ids=["host-users", "pod-user-namespace"],
-)  # fmt: skip
+)
 def test_the_server_does_everything_with_the_rendered_capabilities(user_namespace):
     with sandbox_server(rendered_capabilities(), user_namespace) as (http, sessions):
         sid = ok(http.post("/v1/sessions", json={"task": TASK}), 201)["sessionId"]

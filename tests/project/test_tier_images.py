@@ -59,8 +59,13 @@ def test_the_operator_requirements_cover_what_kuberl_operator_imports():
     packages and the distributions operator/requirements.txt installs (with their dependencies): as in the
     image. Optional imports (the kubernetes client tries kubernetes_validate) then fail as they would there."""
     closure = _closure({canonicalize_name(r.name) for r in _operator_requirements()})
-    visible = sorted({module for module, dists in metadata.packages_distributions().items()
-                      if any(canonicalize_name(d) in closure for d in dists)})  # fmt: skip
+    visible = sorted(
+        {
+            module
+            for module, dists in metadata.packages_distributions().items()
+            if any(canonicalize_name(d) in closure for d in dists)
+        }
+    )
     assert "torch" not in visible and "kopf" in visible
     code = f"""
 import importlib.abc, sys

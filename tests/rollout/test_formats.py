@@ -45,8 +45,11 @@ def test_observation_ids_extend_the_conversation_exactly(tokenizer):
     generated = tokenizer.encode('<tool_call>{"name": "run_tests"}</tool_call>', add_special_tokens=False)
     generated.append(tokenizer.eos_token_id)
     observation = chat.observation_ids("FAILED (failures=1)\n[0/1 tests passed]")
-    whole = [*messages, {"role": "assistant", "content": '<tool_call>{"name": "run_tests"}</tool_call>'},
-             {"role": "tool", "content": "FAILED (failures=1)\n[0/1 tests passed]"}]  # fmt: skip
+    whole = [
+        *messages,
+        {"role": "assistant", "content": '<tool_call>{"name": "run_tests"}</tool_call>'},
+        {"role": "tool", "content": "FAILED (failures=1)\n[0/1 tests passed]"},
+    ]
     expected = tokenizer.apply_chat_template(whole, tokenize=False, add_generation_prompt=True)
     assert tokenizer.decode(prompt + generated + observation) == expected
 

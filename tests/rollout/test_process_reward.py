@@ -120,8 +120,15 @@ def test_a_process_reward_model_is_refused_with_the_field_to_use_instead():
 def test_kuberl_rollout_server_refuses_a_process_reward_model_in_one_line(tmp_path):
     job = with_spec(reward={"processReward": {"enabled": True, "modelUri": "s3://models/prm"}})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    argv = [sys.executable, "-m", "kuberl.cli", "rollout-server", str(tmp_path / "job.yaml"),
-            "--sandbox-url", "http://127.0.0.1:9"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "kuberl.cli",
+        "rollout-server",
+        str(tmp_path / "job.yaml"),
+        "--sandbox-url",
+        "http://127.0.0.1:9",
+    ]
     env = {**os.environ, "KUBERL_SANDBOX_TOKEN": "t"}
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     # a usage error (exit 2) before any model copy or engine start: no traceback

@@ -58,29 +58,64 @@ def world(tmp_path_factory):
 
         demonstration = asyncio.run(demo())
         assert demonstration.final_done
-        losses = supervised_fit(base, [(demonstration.token_ids, demonstration.loss_mask)], folder / "policy",
-                                steps=300, learning_rate=3e-3)  # fmt: skip
+        losses = supervised_fit(
+            base, [(demonstration.token_ids, demonstration.loss_mask)], folder / "policy", steps=300, learning_rate=3e-3
+        )
         assert losses[-1] < 0.05, losses[-5:]
-        job = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "rollout-test"},
-               "spec": {"model": {"uri": str(folder / "policy"), "dtype": "float32", "maxContextTokens": 4096},
-                        "environment": {"maxTurns": 6, "maxTokensPerTrajectory": 4096, "turnTimeout": "30s",
-                                        "trajectoryTimeout": "2m"},
-                        "reward": {"intermediateRewards": True},
-                        "rollout": {"temperature": 0.0, "concurrentSessions": 8, "maxTokensPerTurn": 128,
-                                    "engine": {"maxNumSeqs": 16, "maxModelLen": 4096}}}}  # fmt: skip
+        job = {
+            "apiVersion": "kuberl.io/v1alpha1",
+            "kind": "RLJob",
+            "metadata": {"name": "rollout-test"},
+            "spec": {
+                "model": {"uri": str(folder / "policy"), "dtype": "float32", "maxContextTokens": 4096},
+                "environment": {
+                    "maxTurns": 6,
+                    "maxTokensPerTrajectory": 4096,
+                    "turnTimeout": "30s",
+                    "trajectoryTimeout": "2m",
+                },
+                "reward": {"intermediateRewards": True},
+                "rollout": {
+                    "temperature": 0.0,
+                    "concurrentSessions": 8,
+                    "maxTokensPerTurn": 128,
+                    "engine": {"maxNumSeqs": 16, "maxModelLen": 4096},
+                },
+            },
+        }
         (folder / "job.yaml").write_text(yaml.safe_dump(job))
         port = free_port()
-        env = {**os.environ, "KUBERL_SANDBOX_TOKEN": sandbox.token, "HF_HUB_OFFLINE": "1",
-               "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "KUBERL_SANDBOX_TOKEN": sandbox.token,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+        }
         log = (folder / "rollout.log").open("w")
-        argv = [sys.executable, "-m", "kuberl.cli", "rollout-server", str(folder / "job.yaml"), "--host",
-                "127.0.0.1", "--port", str(port), "--sandbox-url", sandbox.url]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "kuberl.cli",
+            "rollout-server",
+            str(folder / "job.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--sandbox-url",
+            sandbox.url,
+        ]
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url + "/readyz", proc, folder / "rollout.log", timeout=180)
         try:
-            yield {"url": url, "sandbox": sandbox, "policy": folder / "policy", "tokenizer": tokenizer,
-                   "demonstration": demonstration}  # fmt: skip
+            yield {
+                "url": url,
+                "sandbox": sandbox,
+                "policy": folder / "policy",
+                "tokenizer": tokenizer,
+                "demonstration": demonstration,
+            }
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -131,8 +166,9 @@ def test_a_multi_turn_trajectory_is_recorded_token_in_token_out(world):
 
 def test_sampling_logprobs_match_transformers(world):
     url, prompt = world["url"], world["demonstration"].token_ids[:60]
-    out = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0.8,
-                                                    "seed": 3}, timeout=60).json()["choices"][0]  # fmt: skip
+    out = httpx.post(
+        url + "/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": 3}, timeout=60
+    ).json()["choices"][0]
     model = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
     ids = torch.tensor([prompt + out["token_ids"]])
     with torch.no_grad():
@@ -146,8 +182,11 @@ def test_a_seeded_long_prompt_is_served(world):
     # a prompt longer than one prefill chunk, with a seed (every rollout episode has one): vLLM 0.32 on CPU
     # crashed here ("CPU Generator does not use offset") until the engine stopped chunking prefills
     prompt = (world["demonstration"].token_ids * 80)[:3500]
-    r = httpx.post(world["url"] + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 1.0,
-                                                           "seed": 11}, timeout=120)  # fmt: skip
+    r = httpx.post(
+        world["url"] + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": 11},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"][0]["token_ids"]) >= 1
     assert httpx.get(world["url"] + "/readyz").status_code == 200  # and the engine is still alive
@@ -183,14 +222,16 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(world, method, path, 
     [("model.embed_tokens.weight", (3, 3), "has shape [3, 3]"), ("model.not_a_layer.weight", (2,), "unknown weight")],
 )
 def test_wrong_weight_names_and_shapes_are_refused(world, name, shape, words):
-    response = httpx.put(world["url"] + "/v1/weights/9/buckets/0", params={"of": 1},
-                         content=save({name: torch.zeros(shape)}))  # fmt: skip
+    response = httpx.put(
+        world["url"] + "/v1/weights/9/buckets/0", params={"of": 1}, content=save({name: torch.zeros(shape)})
+    )
     assert response.status_code == 400 and words in response.json()["detail"]
 
 
 def greedy(url: str, prompt: list[int]) -> dict:
-    return httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "temperature": 0.0},
-                      timeout=60).json()["choices"][0]  # fmt: skip
+    return httpx.post(
+        url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "temperature": 0.0}, timeout=60
+    ).json()["choices"][0]
 
 
 def test_a_weight_update_switches_greedy_outputs_atomically(world):
@@ -238,8 +279,12 @@ def test_without_partial_rollouts_no_trajectory_mixes_policy_versions(world):
     url = world["url"]
     model = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
     httpx.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 4})
-    update = httpx.put(url + "/v1/weights/2/buckets/0", params={"of": 1}, timeout=120,
-                       content=save({k: v.contiguous() for k, v in model.state_dict().items()}))  # fmt: skip
+    update = httpx.put(
+        url + "/v1/weights/2/buckets/0",
+        params={"of": 1},
+        timeout=120,
+        content=save({k: v.contiguous() for k, v in model.state_dict().items()}),
+    )
     assert update.json()["applied"] is True
     for t in collect(url, 4):
         versions = {v for v, m in zip(t["policyVersions"], t["lossMask"], strict=True) if m}

@@ -109,8 +109,12 @@ class ScriptedEngine:
 
 async def episode(*results: StepResult) -> Trajectory:
     calls = [ToolCall(name="submit" if r.done else "run_tests") for r in results]
-    agent = Agent(ScriptedEngine(calls), ChatFormat(CharTokenizer()), "fix it",
-                  EpisodeLimits(max_tokens=100_000, max_tokens_per_turn=1000))  # fmt: skip
+    agent = Agent(
+        ScriptedEngine(calls),
+        ChatFormat(CharTokenizer()),
+        "fix it",
+        EpisodeLimits(max_tokens=100_000, max_tokens_per_turn=1000),
+    )
     env = SandboxEnvironment(ScriptedClient(list(results)), lambda ctx: 0.0)
     return await agent.run(env, TASK, group_id="g1")
 

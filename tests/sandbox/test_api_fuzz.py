@@ -72,9 +72,41 @@ NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 # ---------------------------------------------------------------------------------------------------------
 # Strategies for what file layers trip on; registered as string formats the sharpened spec refers to.
 
-NAMES = ["module.py", "src", "app.py", "notes.txt", "loop", "out", "alias", "d", "e", "f.txt", "hidden",
-         "..", ".", "", "x", "\n", " ", "~", "-rf", "%2e%2e", "\\", "é", "\u202e", "\ufeff", "\x7f", "\x00",
-         "\udcff", "\ud800", "\udfff", "a" * 255, "a" * 256, "ü" * 128, "\t"]  # fmt: skip
+NAMES = [
+    "module.py",
+    "src",
+    "app.py",
+    "notes.txt",
+    "loop",
+    "out",
+    "alias",
+    "d",
+    "e",
+    "f.txt",
+    "hidden",
+    "..",
+    ".",
+    "",
+    "x",
+    "\n",
+    " ",
+    "~",
+    "-rf",
+    "%2e%2e",
+    "\\",
+    "é",
+    "\u202e",
+    "\ufeff",
+    "\x7f",
+    "\x00",
+    "\udcff",
+    "\ud800",
+    "\udfff",
+    "a" * 255,
+    "a" * 256,
+    "ü" * 128,
+    "\t",
+]
 _segment = st.one_of(
     st.sampled_from(NAMES),
     st.text(st.characters(exclude_categories=()), max_size=12),  # every code point, lone surrogates included
@@ -370,8 +402,16 @@ EDGE_PATHS: list[tuple[str, str, set[str]]] = [
     ("newline", "new\nline.py", WRITES),
     ("link-loop", "loop", set()),  # SETUP's `ln -s loop loop`
 ]
-EDGE_ENDPOINTS = ["read", "write", "replace", "list", "step-read_file", "step-write_file", "step-replace",
-                  "step-list_files"]  # fmt: skip
+EDGE_ENDPOINTS = [
+    "read",
+    "write",
+    "replace",
+    "list",
+    "step-read_file",
+    "step-write_file",
+    "step-replace",
+    "step-list_files",
+]
 AFTERWARDS = [("GET", ""), ("GET", "/list"), ("POST", "/snapshot"), ("DELETE", "")]
 
 

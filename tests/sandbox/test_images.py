@@ -155,8 +155,13 @@ def test_base_images_resolve_args_and_skip_build_stages():
 
 def test_every_dockerfile_is_found():
     found = {str(p.relative_to(REPO)) for p in all_dockerfiles()}
-    assert {"env-images/sandbox/Dockerfile", "env-images/swe-python/Dockerfile", "operator/Dockerfile",
-            "rollout-server/Dockerfile", "trainer/Dockerfile"} <= found  # fmt: skip
+    assert {
+        "env-images/sandbox/Dockerfile",
+        "env-images/swe-python/Dockerfile",
+        "operator/Dockerfile",
+        "rollout-server/Dockerfile",
+        "trainer/Dockerfile",
+    } <= found
 
 
 @pytest.mark.parametrize("dockerfile", all_dockerfiles(), ids=lambda p: str(p.parent.relative_to(REPO)))

@@ -193,8 +193,18 @@ def grouped_sandbox() -> Iterator[SandboxEndpoint]:
     os.chmod(base, 0o711)
     token, port = secrets.token_hex(16), free_port()
     env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
-    argv = [sys.executable, "-m", "kuberl.cli", "sandbox", "--host", "127.0.0.1", "--port", str(port),
-            "--root", str(base / "sessions")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "kuberl.cli",
+        "sandbox",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--root",
+        str(base / "sessions"),
+    ]
     log = base / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, extra_groups=[4, 27])

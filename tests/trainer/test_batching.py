@@ -12,16 +12,31 @@ from kuberl_trainer.batching import collate, filters_uniform_groups, group_advan
 
 def trajectory(group: str, index: int, reward: float, turn_rewards=(0.0, 0.0)) -> Trajectory:
     # 2 prompt tokens | turn 0: 2 generated + 1 observation | turn 1: 2 generated
-    return Trajectory(trajectory_id=f"{group}{index}", task_id="t", group_id=group, token_ids=[1, 2, 3, 4, 5, 6, 7],
-                      loss_mask=[0, 0, 1, 1, 0, 1, 1], logprobs=[0, 0, -1, -1, 0, -1, -1],
-                      policy_versions=[-1, -1, 0, 0, -1, 0, 0], prompt_length=2,
-                      turns=[Turn(start=2, action_end=4, end=5, reward=turn_rewards[0]),
-                             Turn(start=5, action_end=7, end=7, reward=turn_rewards[1])],
-                      final_reward=reward, finish_reason="submitted")  # fmt: skip
+    return Trajectory(
+        trajectory_id=f"{group}{index}",
+        task_id="t",
+        group_id=group,
+        token_ids=[1, 2, 3, 4, 5, 6, 7],
+        loss_mask=[0, 0, 1, 1, 0, 1, 1],
+        logprobs=[0, 0, -1, -1, 0, -1, -1],
+        policy_versions=[-1, -1, 0, 0, -1, 0, 0],
+        prompt_length=2,
+        turns=[
+            Turn(start=2, action_end=4, end=5, reward=turn_rewards[0]),
+            Turn(start=5, action_end=7, end=7, reward=turn_rewards[1]),
+        ],
+        final_reward=reward,
+        finish_reason="submitted",
+    )
 
 
-BATCH = [trajectory("a", 0, 1.0), trajectory("a", 1, 0.0), trajectory("b", 0, 1.0), trajectory("b", 1, 1.0),
-         trajectory("c", 0, 0.0)]  # fmt: skip
+BATCH = [
+    trajectory("a", 0, 1.0),
+    trajectory("a", 1, 0.0),
+    trajectory("b", 0, 1.0),
+    trajectory("b", 1, 1.0),
+    trajectory("c", 0, 0.0),
+]
 
 
 def test_collate_records_turns_and_groups():

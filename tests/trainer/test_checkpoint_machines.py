@@ -28,9 +28,26 @@ def run_gang(model, store_dir, out, staging_root, steps: int) -> None:
     port = free_port()
     agents = []
     for machine in range(2):
-        argv = [str(REPO / ".venv/bin/torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"gang-{port}", "-m", "helpers.resume_run",
-                str(model), str(store_dir), str(steps), "2", str(out)]  # fmt: skip
+        argv = [
+            str(REPO / ".venv/bin/torchrun"),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            f"gang-{port}",
+            "-m",
+            "helpers.resume_run",
+            str(model),
+            str(store_dir),
+            str(steps),
+            "2",
+            str(out),
+        ]
         env = {**os.environ, "PYTHONPATH": str(REPO / "tests"), "STAGING": str(staging_root / f"machine-{machine}")}
         agents.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for agent in agents:

@@ -24,20 +24,38 @@ class RecordingKube:
 
 
 def test_the_learner_writes_only_the_fields_it_owns():
-    status = RLJobStatus(phase=Phase.RUNNING, reason=Reason.TRAINING, step=7, policy_version=8, reward_mean=0.5,
-                         last_checkpoint=CheckpointRef(step=6, uri="s3://b/j/step-6"), running_seconds=9.0)  # fmt: skip
-    assert learner_fields(status) == {"step": 7, "policyVersion": 8, "rewardMean": 0.5,
-                                      "lastCheckpoint": {"step": 6, "uri": "s3://b/j/step-6"}}  # fmt: skip
+    status = RLJobStatus(
+        phase=Phase.RUNNING,
+        reason=Reason.TRAINING,
+        step=7,
+        policy_version=8,
+        reward_mean=0.5,
+        last_checkpoint=CheckpointRef(step=6, uri="s3://b/j/step-6"),
+        running_seconds=9.0,
+    )
+    assert learner_fields(status) == {
+        "step": 7,
+        "policyVersion": 8,
+        "rewardMean": 0.5,
+        "lastCheckpoint": {"step": 6, "uri": "s3://b/j/step-6"},
+    }
 
 
 def test_the_stop_condition_replaces_an_old_one_and_keeps_the_operators():
-    stored = [{"type": "Ready", "status": "True", "reason": "Training"},
-              {"type": LEARNER_STOPPED, "status": "True", "reason": "MaxStepsReached"}]  # fmt: skip
+    stored = [
+        {"type": "Ready", "status": "True", "reason": "Training"},
+        {"type": LEARNER_STOPPED, "status": "True", "reason": "MaxStepsReached"},
+    ]
     final = RLJobStatus(phase=Phase.FAILED, reason=Reason.NON_FINITE_LOSS, message="3 in a row")
     conditions = with_stop_condition(stored, final, NOW)
     assert [c["type"] for c in conditions] == ["Ready", LEARNER_STOPPED]
-    assert conditions[1] == {"type": LEARNER_STOPPED, "status": "True", "reason": "NonFiniteLoss",
-                             "message": "3 in a row", "lastTransitionTime": "2026-11-30T12:00:00Z"}  # fmt: skip
+    assert conditions[1] == {
+        "type": LEARNER_STOPPED,
+        "status": "True",
+        "reason": "NonFiniteLoss",
+        "message": "3 in a row",
+        "lastTransitionTime": "2026-11-30T12:00:00Z",
+    }
 
 
 def test_reports_are_rate_limited_unless_forced_and_never_repeat_themselves():

@@ -44,12 +44,20 @@ def setup(tmp_path_factory):
     def action(call: ToolCall) -> list[int]:
         return [*tokenizer.encode(format_tool_call(call), add_special_tokens=False), tokenizer.eos_token_id]
 
-    prompt = chat.prompt_ids([{"role": "system", "content": SWE_SYSTEM_PROMPT},
-                              {"role": "user", "content": "The tests in test_geo.py fail. Fix geo.py."}])  # fmt: skip
-    checks = {"run_tests": action(ToolCall(name="run_tests")),
-              "read_file": action(ToolCall(name="read_file", arguments={"path": "test_geo.py"}))}  # fmt: skip
-    edits = {e: action(ToolCall(name="replace", arguments={"path": "geo.py", "old": "x < bound", "new": e}))
-             for e in (GOOD, BAD)}  # fmt: skip
+    prompt = chat.prompt_ids(
+        [
+            {"role": "system", "content": SWE_SYSTEM_PROMPT},
+            {"role": "user", "content": "The tests in test_geo.py fail. Fix geo.py."},
+        ]
+    )
+    checks = {
+        "run_tests": action(ToolCall(name="run_tests")),
+        "read_file": action(ToolCall(name="read_file", arguments={"path": "test_geo.py"})),
+    }
+    edits = {
+        e: action(ToolCall(name="replace", arguments={"path": "geo.py", "old": "x < bound", "new": e}))
+        for e in (GOOD, BAD)
+    }
     error = chat.observation_ids("AssertionError: [] != [7] : sizes_above should use x > bound")
     replaced = chat.observation_ids("Replaced 1 occurrence(s) in geo.py.")
     submit = action(ToolCall(name="submit"))
@@ -108,8 +116,10 @@ def step_and_measure(setup, mode: str, lr: float = 0.01):
             p -= lr * p.grad
         after = token_logprobs(model, input_ids)
     delta = after - before.detach()
-    return {name: torch.stack([delta[b][turn_idx[b] == k].sum() for b in range(4)])
-            for name, k in (("check", 0), ("edit", 1))}  # fmt: skip
+    return {
+        name: torch.stack([delta[b][turn_idx[b] == k].sum() for b in range(4)])
+        for name, k in (("check", 0), ("edit", 1))
+    }
 
 
 @pytest.mark.parametrize("mode", ["turn", "prm", "gae"])

@@ -12,12 +12,23 @@ from kuberl_trainer.evaluation import evaluate
 from kuberl_trainer.rollout_client import Collected, SubmittedGroup
 
 
-def trajectory(group_id: str, task_id: str, reward: float, finish: str = "submitted",
-               resolved: bool | None = None) -> Trajectory:  # fmt: skip
-    return Trajectory(trajectory_id=f"{group_id}-{reward}-{finish}-{resolved}", task_id=task_id, group_id=group_id,
-                      token_ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.5],
-                      policy_versions=[-1, 4, 4], prompt_length=1, final_reward=reward, finish_reason=finish,
-                      resolved=resolved, error="sandbox failed" if finish == "error" else None)  # fmt: skip
+def trajectory(
+    group_id: str, task_id: str, reward: float, finish: str = "submitted", resolved: bool | None = None
+) -> Trajectory:
+    return Trajectory(
+        trajectory_id=f"{group_id}-{reward}-{finish}-{resolved}",
+        task_id=task_id,
+        group_id=group_id,
+        token_ids=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        logprobs=[0.0, -0.5, -0.5],
+        policy_versions=[-1, 4, 4],
+        prompt_length=1,
+        final_reward=reward,
+        finish_reason=finish,
+        resolved=resolved,
+        error="sandbox failed" if finish == "error" else None,
+    )
 
 
 class FakeRolloutServer:
@@ -80,8 +91,9 @@ def test_the_resolved_flag_decides_solved_where_the_trajectory_carries_it():
     class Resolving(FakeRolloutServer):
         def collect(self, wait: float) -> Collected:
             done, self.open = self.open, []
-            return Collected(trajectories=[trajectory(g.group_id, g.task_id, r, resolved=v) for g in done
-                                           for r, v in episodes])  # fmt: skip
+            return Collected(
+                trajectories=[trajectory(g.group_id, g.task_id, r, resolved=v) for g in done for r, v in episodes]
+            )
 
     result = evaluate(Resolving({}, capacity=8), [task], episodes_per_task=len(episodes), poll=0)
     assert (result.episodes, result.solved) == (5, 3)

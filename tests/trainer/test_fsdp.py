@@ -19,8 +19,17 @@ pytestmark = pytest.mark.slow
 
 def run(world: int, model, folder) -> list[float]:
     out, export = folder / f"world{world}.json", folder / f"export{world}"
-    argv = [str(REPO / ".venv/bin/torchrun"), "--standalone", "--nproc_per_node", str(world),
-            "-m", "kuberl_trainer.equivalence", str(model), str(out), str(export)]  # fmt: skip
+    argv = [
+        str(REPO / ".venv/bin/torchrun"),
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        "-m",
+        "kuberl_trainer.equivalence",
+        str(model),
+        str(out),
+        str(export),
+    ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -47,7 +47,15 @@ def test_observation_and_padding_tokens_get_nothing():
     values = torch.cat([VALUES, torch.zeros(1, 10)])
     turn_index = torch.cat([TURN_INDEX, torch.full((1, 10), -1)])
     valid = torch.tensor([[True, True], [False, False]])
-    out = turn_level(values, turn_index, torch.cat([TURN_STARTS, torch.zeros(1, 2, dtype=torch.long)]), valid,
-                     torch.cat([TURN_REWARDS, torch.zeros(1, 2)]), torch.tensor([1.0, 1.0]), 1.0, 1.0)  # fmt: skip
+    out = turn_level(
+        values,
+        turn_index,
+        torch.cat([TURN_STARTS, torch.zeros(1, 2, dtype=torch.long)]),
+        valid,
+        torch.cat([TURN_REWARDS, torch.zeros(1, 2)]),
+        torch.tensor([1.0, 1.0]),
+        1.0,
+        1.0,
+    )
     assert not out.advantages[TURN_INDEX.expand(2, -1) < 0].any() and not out.advantages[1].any()
     assert not out.value_mask[1].any()

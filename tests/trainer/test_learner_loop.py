@@ -41,10 +41,24 @@ def servers(tmp_path_factory, sandbox):
     env = {**os.environ, "KUBERL_SANDBOX_TOKEN": sandbox.token, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     port = free_port()
     rollout = subprocess.Popen(
-        [sys.executable, "-m", "kuberl.cli", "rollout-server", str(folder / "rollout.yaml"), "--host", "127.0.0.1",
-         "--port", str(port), "--sandbox-url", sandbox.url],
-        env=env, stdout=(folder / "rollout.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kuberl.cli",
+            "rollout-server",
+            str(folder / "rollout.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--sandbox-url",
+            sandbox.url,
+        ],
+        env=env,
+        stdout=(folder / "rollout.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(url + "/readyz", rollout, folder / "rollout.log", timeout=180)
@@ -59,8 +73,7 @@ def learner_argv(job_file, url, run_dir, ranks: int = 1, metrics_port: int | Non
     tail += ["--metrics-port", str(metrics_port)] if metrics_port else []
     if ranks == 1:
         return [sys.executable, "-m", "kuberl.cli", *tail]
-    return [str(REPO / ".venv/bin/torchrun"), "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli",
-            *tail]  # fmt: skip
+    return [str(REPO / ".venv/bin/torchrun"), "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
 
 
 def failure(stderr: str) -> str:
@@ -83,8 +96,13 @@ def test_sync_stops_at_max_steps_with_a_final_checkpoint_and_exports_metrics(ser
     spec = job(model, tmp_path / "ckpts", training={"totalSteps": 2}, limits={"maxSteps": 2})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     port = free_port()
-    learner = subprocess.Popen(learner_argv(tmp_path / "job.yaml", url, tmp_path / "run", metrics_port=port), env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    learner = subprocess.Popen(
+        learner_argv(tmp_path / "job.yaml", url, tmp_path / "run", metrics_port=port),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     scraped = ""
     while learner.poll() is None:  # scrape the live endpoint once a step is in (the last scrape before the end)
         try:
@@ -96,10 +114,15 @@ def test_sync_stops_at_max_steps_with_a_final_checkpoint_and_exports_metrics(ser
         time.sleep(0.3)
     _, err = learner.communicate()
     assert learner.returncode == 0, failure(err)
-    for name in ("kuberl_learner_loss", "kuberl_learner_reward_mean", "kuberl_learner_mismatch_kl",
-                 'kuberl_learner_step_phase_seconds_count{phase="train"}', "kuberl_learner_entropy_nats",
-                 "kuberl_learner_trajectory_staleness_versions_bucket",
-                 "kuberl_learner_tokens_per_second"):  # fmt: skip
+    for name in (
+        "kuberl_learner_loss",
+        "kuberl_learner_reward_mean",
+        "kuberl_learner_mismatch_kl",
+        'kuberl_learner_step_phase_seconds_count{phase="train"}',
+        "kuberl_learner_entropy_nats",
+        "kuberl_learner_trajectory_staleness_versions_bucket",
+        "kuberl_learner_tokens_per_second",
+    ):
         assert name in scraped, name
     steps = lines(tmp_path / "run")
     assert [line["step"] for line in steps] == [1, 2]
@@ -116,15 +139,28 @@ def test_sync_stops_at_max_steps_with_a_final_checkpoint_and_exports_metrics(ser
 
 def test_async_ppo_on_two_fsdp_ranks_completes_within_the_staleness_bound(servers, tmp_path):
     model, url, env = servers
-    spec = job(model, tmp_path / "ckpts", training={"totalSteps": 3, "mode": "async", "maxStaleness": 1,
-                                                    "miniBatches": 2},
-               algorithm={"name": "ppo", "groupSize": 2, "klCoef": 0.05, "entropyCoef": 0.01,
-                          "creditAssignment": {"mode": "gae", "gaeLevel": "turn"}},
-               checkpoint={"uri": str(tmp_path / "ckpts"), "intervalSteps": 2, "keep": 5})  # fmt: skip
+    spec = job(
+        model,
+        tmp_path / "ckpts",
+        training={"totalSteps": 3, "mode": "async", "maxStaleness": 1, "miniBatches": 2},
+        algorithm={
+            "name": "ppo",
+            "groupSize": 2,
+            "klCoef": 0.05,
+            "entropyCoef": 0.01,
+            "creditAssignment": {"mode": "gae", "gaeLevel": "turn"},
+        },
+        checkpoint={"uri": str(tmp_path / "ckpts"), "intervalSteps": 2, "keep": 5},
+    )
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     start = served(url)
-    result = subprocess.run(learner_argv(tmp_path / "job.yaml", url, tmp_path / "run", ranks=2), env=env,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        learner_argv(tmp_path / "job.yaml", url, tmp_path / "run", ranks=2),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, failure(result.stderr)
     steps = lines(tmp_path / "run")
     assert [line["step"] for line in steps] == [1, 2, 3]

@@ -14,14 +14,29 @@ from kuberl_trainer.rollout_client import Collected, NoRolloutServer, SubmittedG
 from kuberl_trainer.rollout_feed import FeedState, RolloutFeed, admissible, staleness
 
 
-def trajectory(group_id: str, task_id: str, index: int, version: int, error: str | None = None,
-               reward: float | None = None, tampering: str | None = None) -> Trajectory:  # fmt: skip
-    return Trajectory(trajectory_id=f"{group_id}-{index}", task_id=task_id, group_id=group_id,
-                      token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], logprobs=[0, 0, -1, -1],
-                      policy_versions=[-1, -1, version, version], prompt_length=2,
-                      final_reward=float(index) if reward is None else reward,
-                      finish_reason="error" if error else "submitted", error=error,
-                      tampering=tampering)  # fmt: skip
+def trajectory(
+    group_id: str,
+    task_id: str,
+    index: int,
+    version: int,
+    error: str | None = None,
+    reward: float | None = None,
+    tampering: str | None = None,
+) -> Trajectory:
+    return Trajectory(
+        trajectory_id=f"{group_id}-{index}",
+        task_id=task_id,
+        group_id=group_id,
+        token_ids=[1, 2, 3, 4],
+        loss_mask=[0, 0, 1, 1],
+        logprobs=[0, 0, -1, -1],
+        policy_versions=[-1, -1, version, version],
+        prompt_length=2,
+        final_reward=float(index) if reward is None else reward,
+        finish_reason="error" if error else "submitted",
+        error=error,
+        tampering=tampering,
+    )
 
 
 class WorkQueue:
@@ -59,8 +74,17 @@ class WorkQueue:
             for i in range(g.size):
                 reward = 0.0 if g.task_id in self.uniform else float(i)
                 forged = "missing_answers" if g.task_id in self.tampered and reward == 0.0 else None
-                self.done.append(trajectory(g.group_id, g.task_id, i, version, "sandbox lost" if error_first and
-                                            i == 0 else None, reward, forged))  # fmt: skip
+                self.done.append(
+                    trajectory(
+                        g.group_id,
+                        g.task_id,
+                        i,
+                        version,
+                        "sandbox lost" if error_first and i == 0 else None,
+                        reward,
+                        forged,
+                    )
+                )
 
     def collect(self, wait: float) -> Collected:
         out, self.done = self.done, []
@@ -72,11 +96,28 @@ def differ(group: list[Trajectory]) -> bool:
     return len({t.final_reward for t in group}) > 1
 
 
-def feed(queue: WorkQueue, asynchronous: bool, max_staleness: int = 1, state: FeedState | None = None,
-         has_signal=None, on_drop=None, on_tampered=None):  # fmt: skip
-    return RolloutFeed(queue, [f"t{i}" for i in range(10)], group_size=2, groups_per_step=2,
-                       asynchronous=asynchronous, max_staleness=max_staleness, seed=100, state=state,
-                       has_signal=has_signal, on_drop=on_drop, on_tampered=on_tampered)  # fmt: skip
+def feed(
+    queue: WorkQueue,
+    asynchronous: bool,
+    max_staleness: int = 1,
+    state: FeedState | None = None,
+    has_signal=None,
+    on_drop=None,
+    on_tampered=None,
+):
+    return RolloutFeed(
+        queue,
+        [f"t{i}" for i in range(10)],
+        group_size=2,
+        groups_per_step=2,
+        asynchronous=asynchronous,
+        max_staleness=max_staleness,
+        seed=100,
+        state=state,
+        has_signal=has_signal,
+        on_drop=on_drop,
+        on_tampered=on_tampered,
+    )
 
 
 def test_staleness_counts_versions_behind_the_oldest_token():
@@ -293,8 +334,7 @@ def test_a_group_left_with_one_usable_member_after_its_reruns_has_no_signal():
     queue = WorkQueue()
     f = feed(queue, asynchronous=False, has_signal=differ)
     polls = itertools.count()  # the first run and both reruns of t0 and t1 lose a sandbox
-    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=next(polls) < 3) or False,
-                         poll=0)  # fmt: skip
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=next(polls) < 3) or False, poll=0)
     assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1", "t0", "t1", "t2", "t3"]
     assert batch.groups_dropped == 2 and batch.failed == 0  # one member is no baseline: both dropped
     assert sorted({t.task_id for t in batch.trajectories}) == ["t2", "t3"]
@@ -321,8 +361,7 @@ def test_a_group_run_again_counts_its_tampering_for_its_last_run_only():
     live = []
     f = feed(queue, asynchronous=False, on_tampered=live.append)
     polls = itertools.count()  # the first run of t0 and t1 loses a sandbox: both run again
-    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=next(polls) == 0) or False,
-                         poll=0)  # fmt: skip
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, error_first=next(polls) == 0) or False, poll=0)
     assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1"]
     assert batch.tampered == 2 and live == [1, 1]  # member 0 of each rerun (reward 0) forged its report
 

@@ -78,8 +78,9 @@ def test_the_script_draws_different_wrong_edits(train_tasks):
 def test_expert_demonstrations_make_the_fix_at_the_fraction_asked(sandbox, tiny, train_tasks):
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = train_tasks[:5]
-    demos = asyncio.run(make_demonstrations(tasks, 10, sandboxes(sandbox), ChatFormat(tokenizer), seed=1,
-                                            expert_fraction=0.3))  # fmt: skip
+    demos = asyncio.run(
+        make_demonstrations(tasks, 10, sandboxes(sandbox), ChatFormat(tokenizer), seed=1, expert_fraction=0.3)
+    )
     fixes = 0
     for demo in demos:
         calls = [tokenizer.decode(s[:-1]) for s in masked_segments(demo.token_ids, demo.loss_mask)]
@@ -123,9 +124,11 @@ def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbo
 
 @pytest.mark.slow
 def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
-    job = RLJob.model_validate(with_spec(
-        training={"seed": 2, "warmup": {"demonstrations": 8, "steps": 80, "learningRate": 5e-3, "batchSize": 4}},
-    ))  # fmt: skip
+    job = RLJob.model_validate(
+        with_spec(
+            training={"seed": 2, "warmup": {"demonstrations": 8, "steps": 80, "learningRate": 5e-3, "batchSize": 4}},
+        )
+    )
     stats = warm_up(job, tiny, tmp_path / "warm", sandboxes(sandbox))
     assert stats["demonstrations"] == 8 and stats["steps"] == 80
     assert stats["final_loss"] < stats["first_loss"] / 3
@@ -136,7 +139,12 @@ def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
     observation = asyncio.run(first_observation(sandbox, held_out))
     messages = [{"role": "system", "content": SWE_SYSTEM_PROMPT}, {"role": "user", "content": observation}]
     prompt = torch.tensor([ChatFormat(tokenizer).prompt_ids(messages)])
-    out = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    out = model.generate(
+        prompt,
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     text = tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True)
     assert isinstance(parse_tool_call(text), ToolCall), text

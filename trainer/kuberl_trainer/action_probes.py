@@ -77,8 +77,9 @@ def mean_logprobs(model, probes: Sequence[ActionProbe]) -> dict[str, float]:
     return {action: sum(values) / len(values) for action, values in out.items()}
 
 
-def credit_report(before: str, after: str, tasks: Sequence[Task], environments: Callable[[], Environments],
-                  system_prompt: str) -> dict[str, dict[str, float]]:  # fmt: skip
+def credit_report(
+    before: str, after: str, tasks: Sequence[Task], environments: Callable[[], Environments], system_prompt: str
+) -> dict[str, dict[str, float]]:
     """The seed's credit-assignment test on two policy folders (before and after RL) over `tasks`, played in
     environments from `environments()`: the mean log-probability of the correct edit and of the first check,
     under each, and the change. RL that credits the right action raises the edit's clearly and the check's
@@ -109,6 +110,11 @@ def credit_report(before: str, after: str, tasks: Sequence[Task], environments: 
     for name, folder in (("before", before), ("after", after)):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         means[name] = mean_logprobs(model, probes)
-    return {action: {"before": round(means["before"][action], 3), "after": round(means["after"][action], 3),
-                     "change": round(means["after"][action] - means["before"][action], 3)}
-            for action in (EDIT, CHECK)}  # fmt: skip
+    return {
+        action: {
+            "before": round(means["before"][action], 3),
+            "after": round(means["after"][action], 3),
+            "change": round(means["after"][action] - means["before"][action], 3),
+        }
+        for action in (EDIT, CHECK)
+    }

@@ -111,10 +111,12 @@ def group_advantages(collated: Collated, algorithm: AlgorithmSpec) -> torch.Tens
         per_trajectory = (rloo if estimator == "rloo" else grpo)(collated.rewards, collated.group_ids)
         return outcome_to_tokens(per_trajectory, collated.turn_index)
     # turn and prm: per-turn returns of the intermediate (prm: process) rewards, baselined per turn
-    returns = turn_returns(collated.turn_rewards, collated.turn_valid, collated.rewards,
-                           algorithm.credit_assignment.gamma)  # fmt: skip
-    return to_tokens(per_turn_baselined(returns, collated.turn_valid, collated.group_ids, estimator),
-                     collated.turn_index)  # fmt: skip
+    returns = turn_returns(
+        collated.turn_rewards, collated.turn_valid, collated.rewards, algorithm.credit_assignment.gamma
+    )
+    return to_tokens(
+        per_turn_baselined(returns, collated.turn_valid, collated.group_ids, estimator), collated.turn_index
+    )
 
 
 def with_gae(collated: Collated, values: torch.Tensor, algorithm: AlgorithmSpec) -> TokenBatch:
@@ -124,14 +126,19 @@ def with_gae(collated: Collated, values: torch.Tensor, algorithm: AlgorithmSpec)
     gamma, lam = credit.gamma, credit.lam
     args = (values.detach().float(), collated.turn_index)
     if credit.mode == CreditAssignmentMode.GAE and credit.gae_level == GaeLevel.TURN:
-        targets = gae_credit.turn_level(*args, collated.turn_starts, collated.turn_valid, collated.turn_rewards,
-                                        collated.rewards, gamma, lam)  # fmt: skip
+        targets = gae_credit.turn_level(
+            *args, collated.turn_starts, collated.turn_valid, collated.turn_rewards, collated.rewards, gamma, lam
+        )
     else:
-        turn_rewards = collated.turn_rewards if credit.mode != CreditAssignmentMode.OUTCOME else torch.zeros_like(
-            collated.turn_rewards)  # fmt: skip
+        turn_rewards = (
+            collated.turn_rewards
+            if credit.mode != CreditAssignmentMode.OUTCOME
+            else torch.zeros_like(collated.turn_rewards)
+        )
         targets = gae_credit.token_level(*args, collated.turn_valid, turn_rewards, collated.rewards, gamma, lam)
-    return replace(collated.batch, advantages=targets.advantages, returns=targets.returns,
-                   value_mask=targets.value_mask)  # fmt: skip
+    return replace(
+        collated.batch, advantages=targets.advantages, returns=targets.returns, value_mask=targets.value_mask
+    )
 
 
 def shard(collated: Collated, rank: int, world: int, multiple: int = 1) -> Collated:

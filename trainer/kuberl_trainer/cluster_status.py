@@ -34,8 +34,13 @@ def learner_fields(status: RLJobStatus) -> dict[str, Any]:
 def with_stop_condition(conditions: list[dict[str, Any]], status: RLJobStatus, now: datetime) -> list[dict[str, Any]]:
     """`conditions` (as stored) with LearnerStopped set from the learner's final phase and reason; the other
     writers' conditions are kept as they are (a merge patch replaces the whole list)."""
-    condition = Condition(type=LEARNER_STOPPED, status="True", reason=str(status.reason or status.phase),
-                          message=status.message or "", last_transition_time=now)  # fmt: skip
+    condition = Condition(
+        type=LEARNER_STOPPED,
+        status="True",
+        reason=str(status.reason or status.phase),
+        message=status.message or "",
+        last_transition_time=now,
+    )
     kept = [c for c in conditions if c.get("type") != LEARNER_STOPPED]
     return [*kept, condition.model_dump(mode="json", by_alias=True, exclude_none=True)]
 

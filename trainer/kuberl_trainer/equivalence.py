@@ -29,8 +29,13 @@ def global_batch(vocab: int) -> TokenBatch:
     loss_mask = torch.zeros(GLOBAL_BATCH, LENGTH, dtype=torch.bool)
     loss_mask[:, 16:] = True
     loss_mask[1, 40:] = False  # uneven sequence lengths: the global token-mean must still match
-    return TokenBatch(ids, torch.ones_like(ids), loss_mask, torch.full((GLOBAL_BATCH, LENGTH), -7.0),
-                      torch.linspace(-1, 1, GLOBAL_BATCH)[:, None].expand(GLOBAL_BATCH, LENGTH).clone())  # fmt: skip
+    return TokenBatch(
+        ids,
+        torch.ones_like(ids),
+        loss_mask,
+        torch.full((GLOBAL_BATCH, LENGTH), -7.0),
+        torch.linspace(-1, 1, GLOBAL_BATCH)[:, None].expand(GLOBAL_BATCH, LENGTH).clone(),
+    )
 
 
 def main(model_dir: str, out: str, export_dir: str | None = None) -> None:
@@ -41,8 +46,9 @@ def main(model_dir: str, out: str, export_dir: str | None = None) -> None:
     full = global_batch(model.config.vocab_size)
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
     shard = full.rows(rows).to(device)
-    losses = [train_step(model, optimizer, shard, LossConfig(off_policy="tis"), 1.0, world)["loss"]
-              for _ in range(STEPS)]  # fmt: skip
+    losses = [
+        train_step(model, optimizer, shard, LossConfig(off_policy="tis"), 1.0, world)["loss"] for _ in range(STEPS)
+    ]
     if export_dir:
         export_policy(model, model_dir, export_dir, rank)
     if rank == 0:

@@ -54,8 +54,14 @@ class Evaluation:
         return {**asdict(self), "tokens_per_second": round(self.tokens_per_second, 1)}
 
 
-def evaluate(client: RolloutClient, tasks: Sequence[Task], episodes_per_task: int = 1, seed: int = 0,
-             timeout: float = 900.0, poll: float = 2.0) -> Evaluation:  # fmt: skip
+def evaluate(
+    client: RolloutClient,
+    tasks: Sequence[Task],
+    episodes_per_task: int = 1,
+    seed: int = 0,
+    timeout: float = 900.0,
+    poll: float = 2.0,
+) -> Evaluation:
     """Run `episodes_per_task` episodes of every task on the served policy and score them."""
     if not tasks:
         raise ValueError("no tasks to evaluate")
@@ -66,8 +72,9 @@ def evaluate(client: RolloutClient, tasks: Sequence[Task], episodes_per_task: in
     foreign = 0
     while waiting or mine:
         if time.monotonic() - started > timeout:
-            raise TimeoutError(f"evaluation: {len(found)} of {len(tasks) * episodes_per_task} episodes after "
-                               f"{timeout:.0f}s")  # fmt: skip
+            raise TimeoutError(
+                f"evaluation: {len(found)} of {len(tasks) * episodes_per_task} episodes after {timeout:.0f}s"
+            )
         while waiting:
             try:
                 group = client.submit_task(waiting[0], episodes_per_task, seed + len(tasks) - len(waiting))

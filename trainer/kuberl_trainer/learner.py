@@ -75,15 +75,26 @@ class Driver:
 def loss_config_for(job: RLJob) -> LossConfig:
     algorithm = job.spec.algorithm
     return LossConfig(
-        clip_low=algorithm.clip_ratio_low, clip_high=algorithm.clip_ratio_high,
-        off_policy=str(algorithm.off_policy_correction.mode), cap=algorithm.off_policy_correction.cap,
-        aggregation=str(algorithm.loss_aggregation), kl_coef=algorithm.kl_coef, entropy_coef=algorithm.entropy_coef,
-    )  # fmt: skip
+        clip_low=algorithm.clip_ratio_low,
+        clip_high=algorithm.clip_ratio_high,
+        off_policy=str(algorithm.off_policy_correction.mode),
+        cap=algorithm.off_policy_correction.cap,
+        aggregation=str(algorithm.loss_aggregation),
+        kl_coef=algorithm.kl_coef,
+        entropy_coef=algorithm.entropy_coef,
+    )
 
 
-def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: Path, task_ids: list[str],
-                log: Callable[[dict], None] = print, metrics_port: int | None = None,
-                job_started_at: float | None = None) -> list[dict]:  # fmt: skip
+def run_learner(
+    job: RLJob,
+    rollout_urls: list[str],
+    model_path: str,
+    run_dir: Path,
+    task_ids: list[str],
+    log: Callable[[dict], None] = print,
+    metrics_port: int | None = None,
+    job_started_at: float | None = None,
+) -> list[dict]:
     """Train until a stop; returns the metrics of every step this process trained."""
     spec = job.spec
     rank, world, device = init_distributed()
@@ -91,8 +102,9 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
     ppo = uses_value_head(spec.algorithm)
     model = load_policy(model_path, spec.learner.fsdp, device, value_head=ppo)
     reference = load_policy(model_path, spec.learner.fsdp, device, trainable=False) if spec.algorithm.kl_coef else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.training.learning_rate,
-                                  weight_decay=spec.training.weight_decay)  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
+    )
     store = CheckpointStore(spec.checkpoint.uri or str(run_dir / "checkpoints"), spec.checkpoint.endpoint_url)
     checkpointer = Checkpointer(store, run_dir / "staging", keep=spec.checkpoint.keep, rank=rank)
     state = checkpointer.restore(model, optimizer) or TrainingState(step=0, policy_version=0)
@@ -120,8 +132,9 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
     stop: Stop | None = None
 
     def progress() -> Progress:  # rank 0
-        return Progress(state.step, time.time() - started_at, consecutive_skipped, last_mismatch,
-                        driver.feed.batches_without_signal)  # fmt: skip
+        return Progress(
+            state.step, time.time() - started_at, consecutive_skipped, last_mismatch, driver.feed.batches_without_signal
+        )
 
     def stop_waiting() -> bool:  # rank 0: a limit reached while waiting for a batch ends the wait too
         return stop_signal.requested or stop_for(spec, progress()) is not None
@@ -158,9 +171,18 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
             tokens = with_gae(part, values, spec.algorithm)
         if nan_from is not None and state.step + 1 >= nan_from:
             tokens.advantages = torch.full_like(tokens.advantages, float("nan"))  # fault injection (tests)
-        report = train_step(model, optimizer, tokens.to(device), loss_config, spec.training.max_grad_norm, world,
-                            mini_batches, reference, spec.algorithm.value_coef,
-                            before_update=checkpointer.ready_for_update)  # fmt: skip
+        report = train_step(
+            model,
+            optimizer,
+            tokens.to(device),
+            loss_config,
+            spec.training.max_grad_norm,
+            world,
+            mini_batches,
+            reference,
+            spec.algorithm.value_coef,
+            before_update=checkpointer.ready_for_update,
+        )
         trained = time.monotonic() - trained
         state.step += 1
         state.policy_version += 1
@@ -173,15 +195,17 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
 
         checkpointed = time.monotonic()
         due = state.step - saved_step >= spec.checkpoint.interval_steps or (
-            time.monotonic() - saved_at >= 60 * spec.checkpoint.interval_minutes)  # fmt: skip
+            time.monotonic() - saved_at >= 60 * spec.checkpoint.interval_minutes
+        )
         if broadcast_object(due):
             _checkpoint(checkpointer, model, optimizer, state, driver)
             saved_step, saved_at = state.step, time.monotonic()
         checkpointed = time.monotonic() - checkpointed
 
         if driver:
-            line = _step_line(state, batch, collated, report, waited, trained, synced, checkpointed,
-                              time.monotonic() - began)  # fmt: skip
+            line = _step_line(
+                state, batch, collated, report, waited, trained, synced, checkpointed, time.monotonic() - began
+            )
             _record(driver, line, report, collated, batch, checkpointer, store.uri, run_dir)
             history.append(line)
             log(line)
@@ -197,10 +221,22 @@ def run_learner(job: RLJob, rollout_urls: list[str], model_path: str, run_dir: P
             complete = checkpointer.last_complete
             driver.status.checkpoint(complete.step, store.uri, complete.time)
         assert stop is not None
-        driver.status.finish(phase=stop.phase, reason=stop.reason, message=stop.message, step=state.step,
-                             policy_version=state.policy_version)  # fmt: skip
-        log({"stopped": str(stop.reason or "signal"), "phase": str(stop.phase), "message": stop.message,
-             "step": state.step, "policy": str(exported)})  # fmt: skip
+        driver.status.finish(
+            phase=stop.phase,
+            reason=stop.reason,
+            message=stop.message,
+            step=state.step,
+            policy_version=state.policy_version,
+        )
+        log(
+            {
+                "stopped": str(stop.reason or "signal"),
+                "phase": str(stop.phase),
+                "message": stop.message,
+                "step": state.step,
+                "policy": str(exported),
+            }
+        )
         driver.client.close()
     return history
 
@@ -209,8 +245,9 @@ def _signalled() -> Stop:
     return Stop(Phase.STOPPED, None, "stopped by a signal (SIGTERM/SIGINT) after a final checkpoint")
 
 
-def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingState, run_dir: Path,
-            metrics_port: int | None) -> Driver:  # fmt: skip
+def _driver(
+    job: RLJob, urls: list[str], task_ids: list[str], state: TrainingState, run_dir: Path, metrics_port: int | None
+) -> Driver:
     spec = job.spec
     client = RolloutClient(urls)
     asynchronous = spec.training.mode == TrainingMode.ASYNC
@@ -219,10 +256,20 @@ def _driver(job: RLJob, urls: list[str], task_ids: list[str], state: TrainingSta
     groups_per_step = spec.training.trajectories_per_step // spec.algorithm.group_size
     metrics = LearnerMetrics()
     signal_of = partial(has_signal, algorithm=spec.algorithm) if filters_uniform_groups(spec.algorithm) else None
-    feed = RolloutFeed(client, task_ids, spec.algorithm.group_size, groups_per_step, asynchronous,
-                       spec.training.max_staleness, spec.training.seed, saved, on_restart=publisher.catch_up,
-                       has_signal=signal_of, on_drop=metrics.groups_dropped.inc,
-                       on_tampered=metrics.tampered.inc)  # fmt: skip
+    feed = RolloutFeed(
+        client,
+        task_ids,
+        spec.algorithm.group_size,
+        groups_per_step,
+        asynchronous,
+        spec.training.max_staleness,
+        spec.training.seed,
+        saved,
+        on_restart=publisher.catch_up,
+        has_signal=signal_of,
+        on_drop=metrics.groups_dropped.inc,
+        on_tampered=metrics.tampered.inc,
+    )
     if metrics_port is not None:
         metrics.serve(metrics_port)
     status = StatusFile(run_dir / "status.json", ClusterStatus.from_environment())
@@ -243,38 +290,78 @@ def _checkpoint(checkpointer: Checkpointer, model, optimizer, state: TrainingSta
     checkpointer.save(model, optimizer, TrainingState(**state.__dict__))
 
 
-def _step_line(state: TrainingState, batch: Batch, collated, report: dict, waited: float, trained: float,
-               synced: float, checkpointed: float, total: float) -> dict:  # fmt: skip
+def _step_line(
+    state: TrainingState,
+    batch: Batch,
+    collated,
+    report: dict,
+    waited: float,
+    trained: float,
+    synced: float,
+    checkpointed: float,
+    total: float,
+) -> dict:
     rewards = collated.rewards
     generated = int(collated.batch.loss_mask.sum())
     return {
-        "step": state.step, "policy_version": state.policy_version, "loss": report["loss"],
-        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(correction=0)),
+        "step": state.step,
+        "policy_version": state.policy_version,
+        "loss": report["loss"],
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0)),
         "solve_rate": float((rewards >= 1.0).float().mean()),
         "resolved_rate": sum(t.resolved is True for t in batch.trajectories) / max(len(batch.trajectories), 1),
         "drawn_solve_rate": round(batch.drawn_solve_rate, 4),
         "trajectories": len(batch.trajectories),
-        "failed": batch.failed, "stale_dropped": batch.stale_dropped, "resubmitted": batch.resubmitted,
-        "groups_dropped": batch.groups_dropped, "uniform_group_fraction": round(batch.uniform_group_fraction, 4),
+        "failed": batch.failed,
+        "stale_dropped": batch.stale_dropped,
+        "resubmitted": batch.resubmitted,
+        "groups_dropped": batch.groups_dropped,
+        "uniform_group_fraction": round(batch.uniform_group_fraction, 4),
         "tampered": batch.tampered,
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
-        "staleness_max": max(batch.staleness, default=0), "mismatch_kl": report["mismatch_kl"],
-        "kl_ref": report["kl_ref"], "entropy": report["entropy"], "value_loss": report["value_loss"],
-        "clip_fraction": report["clip_fraction"], "grad_norm": report["grad_norm"], "skipped": report["skipped"],
-        "generated_tokens": generated, "tokens_per_s": round(generated / max(total, 1e-9), 1),
-        "wait_s": round(waited, 3), "train_s": round(trained, 3), "weight_sync_s": round(synced, 3),
-        "checkpoint_s": round(checkpointed, 3), "step_s": round(total, 3), "time": time.time(),
-    }  # fmt: skip
+        "staleness_max": max(batch.staleness, default=0),
+        "mismatch_kl": report["mismatch_kl"],
+        "kl_ref": report["kl_ref"],
+        "entropy": report["entropy"],
+        "value_loss": report["value_loss"],
+        "clip_fraction": report["clip_fraction"],
+        "grad_norm": report["grad_norm"],
+        "skipped": report["skipped"],
+        "generated_tokens": generated,
+        "tokens_per_s": round(generated / max(total, 1e-9), 1),
+        "wait_s": round(waited, 3),
+        "train_s": round(trained, 3),
+        "weight_sync_s": round(synced, 3),
+        "checkpoint_s": round(checkpointed, 3),
+        "step_s": round(total, 3),
+        "time": time.time(),
+    }
 
 
-def _record(driver: Driver, line: dict, report: dict, collated, batch: Batch, checkpointer: Checkpointer,
-            uri: str, run_dir: Path) -> None:  # fmt: skip
+def _record(
+    driver: Driver,
+    line: dict,
+    report: dict,
+    collated,
+    batch: Batch,
+    checkpointer: Checkpointer,
+    uri: str,
+    run_dir: Path,
+) -> None:
     m = driver.metrics
     m.step.set(line["step"])
     m.policy_version.set(line["policy_version"])
-    for gauge, key in ((m.loss, "loss"), (m.reward_mean, "reward_mean"), (m.reward_std, "reward_std"),
-                       (m.solve_rate, "solve_rate"), (m.kl_ref, "kl_ref"), (m.entropy, "entropy"),
-                       (m.mismatch_kl, "mismatch_kl"), (m.tokens_per_second, "tokens_per_s")):  # fmt: skip
+    for gauge, key in (
+        (m.loss, "loss"),
+        (m.reward_mean, "reward_mean"),
+        (m.reward_std, "reward_std"),
+        (m.solve_rate, "solve_rate"),
+        (m.kl_ref, "kl_ref"),
+        (m.entropy, "entropy"),
+        (m.mismatch_kl, "mismatch_kl"),
+        (m.tokens_per_second, "tokens_per_s"),
+    ):
         gauge.set(line[key])
     if math.isfinite(line["grad_norm"]):
         m.grad_norm.set(line["grad_norm"])
@@ -299,7 +386,12 @@ def _record(driver: Driver, line: dict, report: dict, collated, batch: Batch, ch
         m.last_checkpoint_time.set(complete.time)
         if driver.status.status.last_checkpoint is None or driver.status.status.last_checkpoint.step != complete.step:
             driver.status.checkpoint(complete.step, uri, complete.time)
-    driver.status.update(step=line["step"], policy_version=line["policy_version"], reward_mean=line["reward_mean"],
-                         tokens_per_second=line["tokens_per_s"], staleness=line["staleness_mean"])  # fmt: skip
+    driver.status.update(
+        step=line["step"],
+        policy_version=line["policy_version"],
+        reward_mean=line["reward_mean"],
+        tokens_per_second=line["tokens_per_s"],
+        staleness=line["staleness_mean"],
+    )
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")

@@ -38,29 +38,44 @@ class LearnerMetrics:
         self.tokens_per_second = gauge("tokens_per_second", "Trained generated tokens per second of step time.")
         self.uniform_group_ratio = gauge("uniform_group_ratio", "Latest batch: fraction of drawn groups dropped.")
         self.last_checkpoint_step = gauge("checkpoint_last_step", "Step of the newest complete checkpoint.")
-        self.last_checkpoint_time = gauge("checkpoint_last_timestamp_seconds",
-                                          "Unix time the newest complete checkpoint was written.")  # fmt: skip
-        self.skipped = Counter("kuberl_learner_skipped_steps_total", "Steps skipped for a non-finite loss or gradient.",
-                               registry=r)  # fmt: skip
+        self.last_checkpoint_time = gauge(
+            "checkpoint_last_timestamp_seconds", "Unix time the newest complete checkpoint was written."
+        )
+        self.skipped = Counter(
+            "kuberl_learner_skipped_steps_total", "Steps skipped for a non-finite loss or gradient.", registry=r
+        )
         self.trained_tokens = Counter("kuberl_learner_trained_tokens_total", "Generated tokens trained on.", registry=r)
-        self.resubmitted = Counter("kuberl_learner_groups_resubmitted_total",
-                                   "Task groups submitted again (a lost rollout server, a failed episode).",
-                                   registry=r)  # fmt: skip
-        self.groups_dropped = Counter("kuberl_learner_groups_dropped_total",
-                                      "Task groups dropped by dynamic sampling: every trajectory had the same reward.",
-                                      registry=r)  # fmt: skip
-        self.tampered = Counter("kuberl_learner_tampered_trajectories_total",
-                                "Trajectories whose sandbox judged a test report forged (scored 0).",
-                                registry=r)  # fmt: skip
-        self.trajectories = Counter("kuberl_learner_trajectories_total", "Trajectories received, by outcome.",
-                                    ["outcome"], registry=r)  # fmt: skip
+        self.resubmitted = Counter(
+            "kuberl_learner_groups_resubmitted_total",
+            "Task groups submitted again (a lost rollout server, a failed episode).",
+            registry=r,
+        )
+        self.groups_dropped = Counter(
+            "kuberl_learner_groups_dropped_total",
+            "Task groups dropped by dynamic sampling: every trajectory had the same reward.",
+            registry=r,
+        )
+        self.tampered = Counter(
+            "kuberl_learner_tampered_trajectories_total",
+            "Trajectories whose sandbox judged a test report forged (scored 0).",
+            registry=r,
+        )
+        self.trajectories = Counter(
+            "kuberl_learner_trajectories_total", "Trajectories received, by outcome.", ["outcome"], registry=r
+        )
         self.phase_seconds = Histogram(
-            "kuberl_learner_step_phase_seconds", "Seconds of one step by phase (wait, train, weight_sync, checkpoint).",
-            ["phase"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r,
-        )  # fmt: skip
-        self.staleness = Histogram("kuberl_learner_trajectory_staleness_versions",
-                                   "Policy versions between a trained trajectory's oldest token and the learner.",
-                                   buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, 64), registry=r)  # fmt: skip
+            "kuberl_learner_step_phase_seconds",
+            "Seconds of one step by phase (wait, train, weight_sync, checkpoint).",
+            ["phase"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self.staleness = Histogram(
+            "kuberl_learner_trajectory_staleness_versions",
+            "Policy versions between a trained trajectory's oldest token and the learner.",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, 64),
+            registry=r,
+        )
         for phase in PHASES:
             self.phase_seconds.labels(phase)
         for outcome in ("trained", "failed", "stale"):

@@ -10,8 +10,9 @@ from kuberl.storage import check_model_folder
 from kuberl_trainer.value_head import VALUE_HEAD, attach_value_head
 
 
-def load_policy(model_path: str, fsdp: FsdpSpec, device: torch.device, value_head: bool = False,
-                trainable: bool = True):  # fmt: skip
+def load_policy(
+    model_path: str, fsdp: FsdpSpec, device: torch.device, value_head: bool = False, trainable: bool = True
+):
     """A Hugging Face causal LM in float32 master weights, sharded when a process group exists; with
     `value_head` also PPO's value head; `trainable=False` gives a frozen copy (the KL reference)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard

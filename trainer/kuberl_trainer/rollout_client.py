@@ -111,8 +111,9 @@ class RolloutClient:
         took = []
         for server in range(len(self.http)) if servers is None else servers:
             try:
-                self.http[server].put(f"/v1/weights/{version}/buckets/0", params={"of": 1},
-                                      content=blob).raise_for_status()  # fmt: skip
+                self.http[server].put(
+                    f"/v1/weights/{version}/buckets/0", params={"of": 1}, content=blob
+                ).raise_for_status()
             except httpx.TransportError as err:
                 self._mark_down(server, err)
                 continue

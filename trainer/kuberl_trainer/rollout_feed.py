@@ -81,12 +81,21 @@ class FeedState:
 
 
 class RolloutFeed:
-    def __init__(self, client: RolloutClient, task_ids: list[str], group_size: int, groups_per_step: int,
-                 asynchronous: bool, max_staleness: int, seed: int, state: FeedState | None = None,
-                 on_restart: Callable[[int], None] | None = None,
-                 has_signal: Callable[[list[Trajectory]], bool] | None = None,
-                 on_drop: Callable[[], None] | None = None,
-                 on_tampered: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: RolloutClient,
+        task_ids: list[str],
+        group_size: int,
+        groups_per_step: int,
+        asynchronous: bool,
+        max_staleness: int,
+        seed: int,
+        state: FeedState | None = None,
+        on_restart: Callable[[int], None] | None = None,
+        has_signal: Callable[[list[Trajectory]], bool] | None = None,
+        on_drop: Callable[[], None] | None = None,
+        on_tampered: Callable[[int], None] | None = None,
+    ) -> None:
         if not task_ids:
             raise ValueError("no tasks to train on: check spec.environment.tasks")
         self.client, self.task_ids, self.group_size = client, task_ids, group_size
@@ -134,9 +143,18 @@ class RolloutFeed:
         groups, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
         usable = [t for g in groups for t in g if t.error is None]
         failed = sum(len(g) for g in groups) - len(usable)
-        batch = Batch(usable, failed, self._stale_dropped, self._resubmitted, [staleness(t, version) for t in usable],
-                      time.monotonic() - started, self._groups_dropped, self._dropped_episodes,
-                      self._dropped_solved, self._tampered)  # fmt: skip
+        batch = Batch(
+            usable,
+            failed,
+            self._stale_dropped,
+            self._resubmitted,
+            [staleness(t, version) for t in usable],
+            time.monotonic() - started,
+            self._groups_dropped,
+            self._dropped_episodes,
+            self._dropped_solved,
+            self._tampered,
+        )
         self._stale_dropped = self._resubmitted = self._groups_dropped = 0
         self._dropped_episodes = self._dropped_solved = self._tampered = 0
         if self.asynchronous:
@@ -150,8 +168,9 @@ class RolloutFeed:
 
     def state(self) -> FeedState:
         in_flight = [(g.task_id, g.seed) for g in self.in_flight.values()] + list(self._unplaced)
-        return FeedState(self.cursor, [t.model_dump(mode="json", by_alias=True) for g in self.ready for t in g],
-                         in_flight)  # fmt: skip
+        return FeedState(
+            self.cursor, [t.model_dump(mode="json", by_alias=True) for g in self.ready for t in g], in_flight
+        )
 
     # ------------------------------------------------------------------------------------ inside
     def _target_in_flight(self) -> int:

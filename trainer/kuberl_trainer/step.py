@@ -34,12 +34,17 @@ class TokenBatch:
     value_mask: torch.Tensor | None = None
 
     def rows(self, index: torch.Tensor | slice) -> TokenBatch:
-        return TokenBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
-                             for f in fields(self)})  # fmt: skip
+        return TokenBatch(
+            **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in fields(self)}
+        )
 
     def to(self, device: torch.device) -> TokenBatch:
-        return TokenBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                             for f in fields(self)})  # fmt: skip
+        return TokenBatch(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                for f in fields(self)
+            }
+        )
 
 
 @dataclass
@@ -88,9 +93,18 @@ def predict(model, batch: TokenBatch) -> Forward:
 STAT_KEYS = ("mismatch_kl", "clip_fraction", "is_weight_mean", "entropy", "kl_ref", "value_loss")
 
 
-def train_step(model, optimizer, batch: TokenBatch, loss_config: LossConfig, max_grad_norm: float,
-               world_size: int, mini_batches: int = 1, ref_model=None, value_coef: float = 0.0,
-               before_update: Callable[[], None] | None = None) -> dict[str, float]:  # fmt: skip
+def train_step(
+    model,
+    optimizer,
+    batch: TokenBatch,
+    loss_config: LossConfig,
+    max_grad_norm: float,
+    world_size: int,
+    mini_batches: int = 1,
+    ref_model=None,
+    value_coef: float = 0.0,
+    before_update: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """Forward, backward, clip, step (per mini-batch); returns loss, grad norm, diagnostics (token-weighted
     over ranks and mini-batches) and the number of skipped updates. Every rank must have the same number
     of rows, at least `mini_batches` (pad with rows whose loss mask is empty). `before_update` runs before
@@ -103,8 +117,18 @@ def train_step(model, optimizer, batch: TokenBatch, loss_config: LossConfig, max
     for part in torch.tensor_split(torch.arange(batch.input_ids.shape[0]), mini_batches):
         mini = batch.rows(part)
         old_part, ref_part = (None if x is None else x[part] for x in (old, ref))
-        result = _update(model, optimizer, mini, loss_config, max_grad_norm, world_size, old_part, ref_part,
-                         value_coef, before_update)  # fmt: skip
+        result = _update(
+            model,
+            optimizer,
+            mini,
+            loss_config,
+            max_grad_norm,
+            world_size,
+            old_part,
+            ref_part,
+            value_coef,
+            before_update,
+        )
         tokens = result.pop("tokens")
         total_tokens += tokens
         report["skipped"] += result.pop("skipped")
@@ -119,17 +143,33 @@ def train_step(model, optimizer, batch: TokenBatch, loss_config: LossConfig, max
     return report
 
 
-def _update(model, optimizer, batch: TokenBatch, config: LossConfig, max_grad_norm: float, world_size: int,
-            old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, value_coef: float,
-            before_update: Callable[[], None] | None) -> dict[str, float]:  # fmt: skip
+def _update(
+    model,
+    optimizer,
+    batch: TokenBatch,
+    config: LossConfig,
+    max_grad_norm: float,
+    world_size: int,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    value_coef: float,
+    before_update: Callable[[], None] | None,
+) -> dict[str, float]:
     local_tokens = float(batch.loss_mask.sum())
     local_values = float(batch.value_mask.sum()) if batch.value_mask is not None else 0.0
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
     result = forward(model, batch.input_ids, batch.attention_mask, entropy_grad=config.entropy_coef > 0)
     logprobs = result.logprobs
-    loss, stats = policy_loss(logprobs, logprobs.detach() if old_logprobs is None else old_logprobs,
-                              batch.rollout_logprobs, batch.advantages, batch.loss_mask, config,
-                              entropy=result.entropy, ref_logprobs=ref_logprobs)  # fmt: skip
+    loss, stats = policy_loss(
+        logprobs,
+        logprobs.detach() if old_logprobs is None else old_logprobs,
+        batch.rollout_logprobs,
+        batch.advantages,
+        batch.loss_mask,
+        config,
+        entropy=result.entropy,
+        ref_logprobs=ref_logprobs,
+    )
     # policy_loss normalised by this rank's tokens; re-normalise to the global token count
     share = loss * (local_tokens / max(global_tokens, 1.0)) * world_size
     mask = batch.loss_mask.to(logprobs.dtype)
@@ -145,10 +185,15 @@ def _update(model, optimizer, batch: TokenBatch, config: LossConfig, max_grad_no
     optimizer.zero_grad(set_to_none=True)
     # diagnostics are token-weighted sums over ranks; the caller divides by the tokens
     keys = [k for k in STAT_KEYS if k in stats]
-    sums = all_reduce_sums([float(share.detach()) / world_size * global_tokens,
-                            *(stats[k] * local_tokens for k in keys)])  # fmt: skip
-    report = {"loss": sums[0] / max(global_tokens, 1.0), **{k: s / max(global_tokens, 1.0) for k, s in zip(
-        keys, sums[1:], strict=True)}, "tokens": global_tokens, "skipped": 0.0}  # fmt: skip
+    sums = all_reduce_sums(
+        [float(share.detach()) / world_size * global_tokens, *(stats[k] * local_tokens for k in keys)]
+    )
+    report = {
+        "loss": sums[0] / max(global_tokens, 1.0),
+        **{k: s / max(global_tokens, 1.0) for k, s in zip(keys, sums[1:], strict=True)},
+        "tokens": global_tokens,
+        "skipped": 0.0,
+    }
     if not math.isfinite(report["loss"]):
         report.update(skipped=1.0, grad_norm=float("nan"))
         return report

@@ -29,17 +29,27 @@ def main(model_dir: str, out: str, batch: int = 8, length: int = 256, steps: int
     ids = torch.randint(5, model.config.vocab_size, (local, length), device=device)
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[:, : length // 4] = False
-    shard = TokenBatch(ids, torch.ones_like(ids), mask, torch.full(ids.shape, -5.0, device=device),
-                       torch.randn(local, 1, device=device).expand(local, length).clone())  # fmt: skip
+    shard = TokenBatch(
+        ids,
+        torch.ones_like(ids),
+        mask,
+        torch.full(ids.shape, -5.0, device=device),
+        torch.randn(local, 1, device=device).expand(local, length).clone(),
+    )
     train_step(model, optimizer, shard, LossConfig(), 1.0, world)  # warm-up
     started = time.monotonic()
     for _ in range(steps):
         train_step(model, optimizer, shard, LossConfig(), 1.0, world)
     elapsed = time.monotonic() - started
     if rank == 0:
-        report = {"world_size": world, "global_batch": batch, "length": length, "steps": steps,
-                  "seconds_per_step": round(elapsed / steps, 4),
-                  "tokens_per_s": round(batch * length * steps / elapsed, 1)}  # fmt: skip
+        report = {
+            "world_size": world,
+            "global_batch": batch,
+            "length": length,
+            "steps": steps,
+            "seconds_per_step": round(elapsed / steps, 4),
+            "tokens_per_s": round(batch * length * steps / elapsed, 1),
+        }
         with open(out, "w") as f:
             json.dump(report, f)
 

@@ -113,22 +113,38 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
     started = time.monotonic()
     tasks = load_tasks(env.name, env.tasks.uri, str(env.tasks.split))
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
-    print(f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
-          f"({warmup.expert_fraction:.0%} with the correct edit)", flush=True)  # fmt: skip
-    demos = asyncio.run(make_demonstrations(tasks, warmup.demonstrations, environments, chat,
-                                            seed=job.spec.training.seed,
-                                            expert_fraction=warmup.expert_fraction))  # fmt: skip
+    print(
+        f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
+        f"({warmup.expert_fraction:.0%} with the correct edit)",
+        flush=True,
+    )
+    demos = asyncio.run(
+        make_demonstrations(
+            tasks,
+            warmup.demonstrations,
+            environments,
+            chat,
+            seed=job.spec.training.seed,
+            expert_fraction=warmup.expert_fraction,
+        )
+    )
     unfinished = sum(not d.final_done for d in demos)
     if unfinished:
         raise RuntimeError(f"{unfinished} demonstrations never reached submit: the sandbox refused a scripted call")
     longest = max(len(d.token_ids) for d in demos)
     if longest > env.max_tokens_per_trajectory:
         # a demonstration the rollout tier would cut off teaches a workflow the agent cannot finish
-        print(f"warm-up: warning: a demonstration has {longest} tokens, over maxTokensPerTrajectory "
-              f"({env.max_tokens_per_trajectory})", flush=True)  # fmt: skip
+        print(
+            f"warm-up: warning: a demonstration has {longest} tokens, over maxTokensPerTrajectory "
+            f"({env.max_tokens_per_trajectory})",
+            flush=True,
+        )
     demo_seconds = time.monotonic() - started
-    print(f"warm-up: {len(demos)} demonstrations in {demo_seconds:.1f}s (longest {longest} tokens); "
-          f"fine-tuning for {warmup.steps} steps", flush=True)  # fmt: skip
+    print(
+        f"warm-up: {len(demos)} demonstrations in {demo_seconds:.1f}s (longest {longest} tokens); "
+        f"fine-tuning for {warmup.steps} steps",
+        flush=True,
+    )
     fit_started = time.monotonic()
 
     def progress(step: int, loss: float) -> None:
@@ -136,9 +152,16 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
             elapsed = time.monotonic() - fit_started
             print(f"warm-up: step {step}/{warmup.steps}, loss {loss:.3f}, {elapsed:.0f}s", flush=True)
 
-    losses = supervised_fit(model_path, [(d.token_ids, d.loss_mask) for d in demos], out_path, steps=warmup.steps,
-                            learning_rate=warmup.learning_rate, batch_size=warmup.batch_size,
-                            seed=job.spec.training.seed, on_step=progress)  # fmt: skip
+    losses = supervised_fit(
+        model_path,
+        [(d.token_ids, d.loss_mask) for d in demos],
+        out_path,
+        steps=warmup.steps,
+        learning_rate=warmup.learning_rate,
+        batch_size=warmup.batch_size,
+        seed=job.spec.training.seed,
+        on_step=progress,
+    )
     fit_seconds = time.monotonic() - fit_started
     tail = losses[-10:]
     stats = {
@@ -152,6 +175,9 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         "fit_seconds": round(fit_seconds, 1),
         "seconds": round(time.monotonic() - started, 1),
     }
-    print(f"warm-up: done, loss {stats['first_loss']} -> {stats['final_loss']} in {stats['seconds']}s; "
-          f"model saved to {out_path}", flush=True)  # fmt: skip
+    print(
+        f"warm-up: done, loss {stats['first_loss']} -> {stats['final_loss']} in {stats['seconds']}s; "
+        f"model saved to {out_path}",
+        flush=True,
+    )
     return stats

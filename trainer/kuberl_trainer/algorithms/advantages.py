@@ -24,8 +24,9 @@ def _group_stats(values: torch.Tensor, group_ids: torch.Tensor, valid: torch.Ten
     return sums[index], counts[index], squares[index]
 
 
-def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor | None = None,
-         normalize_std: bool = True) -> torch.Tensor:  # fmt: skip
+def grpo(
+    rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor | None = None, normalize_std: bool = True
+) -> torch.Tensor:
     """(r - mean of the group) / (std of the group): GRPO's group-normalised advantage, elementwise."""
     valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
     sums, counts, squares = _group_stats(rewards, group_ids, valid)
@@ -45,8 +46,9 @@ def rloo(rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor | N
     return torch.where(valid & (counts > 1), rewards - others, torch.zeros_like(rewards))
 
 
-def turn_returns(turn_rewards: torch.Tensor, turn_valid: torch.Tensor, final_reward: torch.Tensor,
-                 gamma: float) -> torch.Tensor:  # fmt: skip
+def turn_returns(
+    turn_rewards: torch.Tensor, turn_valid: torch.Tensor, final_reward: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """G[b, k] = sum over j >= k of gamma^(j-k) r[b, j], the final reward counted at the last turn."""
     rewards = torch.where(turn_valid, turn_rewards, torch.zeros_like(turn_rewards)).clone()
     last = turn_valid.sum(dim=1) - 1
@@ -60,8 +62,9 @@ def turn_returns(turn_rewards: torch.Tensor, turn_valid: torch.Tensor, final_rew
     return torch.where(turn_valid, returns, torch.zeros_like(returns))
 
 
-def per_turn_baselined(returns: torch.Tensor, turn_valid: torch.Tensor, group_ids: torch.Tensor,
-                       estimator: str = "grpo") -> torch.Tensor:  # fmt: skip
+def per_turn_baselined(
+    returns: torch.Tensor, turn_valid: torch.Tensor, group_ids: torch.Tensor, estimator: str = "grpo"
+) -> torch.Tensor:
     """Advantage of each turn against the same turn of the other trajectories of its group."""
     return _per_turn(returns, turn_valid, group_ids, rloo_mode=estimator == "rloo")
 
@@ -100,5 +103,8 @@ def to_tokens(per_turn: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
 
 def outcome_to_tokens(per_trajectory: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
     """Every generated token gets its trajectory's advantage."""
-    return torch.where(turn_index >= 0, per_trajectory[:, None].expand_as(turn_index).to(per_trajectory.dtype),
-                       torch.zeros(turn_index.shape, dtype=per_trajectory.dtype))  # fmt: skip
+    return torch.where(
+        turn_index >= 0,
+        per_trajectory[:, None].expand_as(turn_index).to(per_trajectory.dtype),
+        torch.zeros(turn_index.shape, dtype=per_trajectory.dtype),
+    )

@@ -32,9 +32,16 @@ def step_rewards(turn_rewards: torch.Tensor, turn_valid: torch.Tensor, final_rew
     return rewards
 
 
-def turn_level(values: torch.Tensor, turn_index: torch.Tensor, turn_starts: torch.Tensor,
-               turn_valid: torch.Tensor, turn_rewards: torch.Tensor, final_reward: torch.Tensor, gamma: float,
-               lam: float) -> GaeTargets:  # fmt: skip
+def turn_level(
+    values: torch.Tensor,
+    turn_index: torch.Tensor,
+    turn_starts: torch.Tensor,
+    turn_valid: torch.Tensor,
+    turn_rewards: torch.Tensor,
+    final_reward: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> GaeTargets:
     """One step per turn: V read before the turn's first generated token; the advantage spread over the
     turn's generated tokens."""
     positions = (turn_starts - 1).clamp(min=0)
@@ -49,8 +56,15 @@ def turn_level(values: torch.Tensor, turn_index: torch.Tensor, turn_starts: torc
     return GaeTargets(torch.where(turn_index >= 0, spread, torch.zeros_like(spread)), returns, value_mask)
 
 
-def token_level(values: torch.Tensor, turn_index: torch.Tensor, turn_valid: torch.Tensor, turn_rewards: torch.Tensor,
-                final_reward: torch.Tensor, gamma: float, lam: float) -> GaeTargets:  # fmt: skip
+def token_level(
+    values: torch.Tensor,
+    turn_index: torch.Tensor,
+    turn_valid: torch.Tensor,
+    turn_rewards: torch.Tensor,
+    final_reward: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> GaeTargets:
     """One step per generated token: V read before each generated token; a turn's reward on its last
     generated token, the outcome on the episode's last."""
     generated = turn_index >= 0

@@ -38,8 +38,11 @@ class Manifest:
     files: dict[str, dict[str, object]]
 
     def to_json(self) -> str:
-        return json.dumps({"step": self.step, "policyVersion": self.policy_version, "time": self.time,
-                           "files": self.files}, indent=1, sort_keys=True)  # fmt: skip
+        return json.dumps(
+            {"step": self.step, "policyVersion": self.policy_version, "time": self.time, "files": self.files},
+            indent=1,
+            sort_keys=True,
+        )
 
     @staticmethod
     def from_json(text: str) -> Manifest:

@@ -46,8 +46,12 @@ class TrainingState:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state().tolist(), "python": random.getstate()[1][:625],
-            "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}  # fmt: skip
+    return {
+        "torch": torch.get_rng_state().tolist(),
+        "python": random.getstate()[1][:625],
+        "python_version": random.getstate()[0],
+        "python_gauss": random.getstate()[2],
+    }
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -72,8 +76,11 @@ class Checkpointer:
         # on one group interleave differently on each rank and deadlock
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         cuda = torch.cuda.is_available()
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                    use_async_staging=True, use_non_blocking_copy=cuda))  # fmt: skip
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+            )
+        )
         self._staged: Future | None = None
 
     def save(self, model, optimizer, state: TrainingState) -> None:
@@ -87,8 +94,12 @@ class Checkpointer:
         if dist.is_initialized():
             dist.barrier(group=self._group)
         model_state, optim_state = get_state_dict(model, optimizer)
-        response = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
-                                  process_group=self._group, async_stager=self._stager)  # fmt: skip
+        response = dcp.async_save(
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=str(folder),
+            process_group=self._group,
+            async_stager=self._stager,
+        )
         self._staged, self._dcp_future = response.staging_completion, response.upload_completion
         (folder / f"rng-rank{self.rank}.json").write_text(json.dumps(_rng_state()))
         if self.rank == 0:
