@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,6 +23,9 @@ from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.checkpoints.store import CheckpointStore
 
 pytestmark = pytest.mark.slow
+
+FAULTS = Path(__file__).resolve().parents[1] / "faults"
+"""sitecustomize.py there injects faults from outside the product (see its docstring)."""
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,7 @@ def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
         (
             "nan",
             {"training": {"totalSteps": 1000}, "limits": {"maxNonFiniteSteps": 2}},
-            {"KUBERL_FAULT_NAN_FROM_STEP": "2"},
+            {"KUBERL_TEST_NAN_FROM_STEP": "2", "PYTHONPATH": str(FAULTS)},
             ("Failed", "NonFiniteLoss"),
         ),
         (

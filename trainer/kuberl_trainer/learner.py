@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -123,7 +122,6 @@ def run_learner(
 
     loss_config = loss_config_for(job)
     # chaos hook for the breaker tests: from this step on, every loss is NaN
-    nan_from = int(os.environ["KUBERL_FAULT_NAN_FROM_STEP"]) if os.environ.get("KUBERL_FAULT_NAN_FROM_STEP") else None
     mini_batches = spec.training.mini_batches
     history: list[dict] = []
     saved_step, saved_at = state.step, time.monotonic()
@@ -169,8 +167,6 @@ def run_learner(
         if ppo:
             values = predict(model, tokens.to(device)).values.cpu()
             tokens = with_gae(part, values, spec.algorithm)
-        if nan_from is not None and state.step + 1 >= nan_from:
-            tokens.advantages = torch.full_like(tokens.advantages, float("nan"))  # fault injection (tests)
         report = train_step(
             model,
             optimizer,
