@@ -72,7 +72,7 @@ def main(model_dir: str, uri: str, steps: int, every: int, out: str) -> None:
         )
         if rank == 0:
             with open(out, "a") as f:
-                f.write(json.dumps({"step": step + 1, "loss": report["loss"], "resumed_from": start}) + "\n")
+                f.write(json.dumps({"step": step + 1, "loss": report.loss, "resumed_from": start}) + "\n")
         if (step + 1) % every == 0:
             checkpointer.save(model, optimizer, TrainingState(step=step + 1, policy_version=step + 1))
     checkpointer.wait()

@@ -47,7 +47,7 @@ def test_mini_batches_take_several_clipped_updates(model_dir):
     assert optimizer.state[next(iter(model.parameters()))]["step"] == 2  # two optimizer updates
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     # the second mini-batch is measured against the log-probs of the batch's start: the ratio moved
-    assert report["tokens"] == float(b.loss_mask.sum()) and report["skipped"] == 0
+    assert report.tokens == float(b.loss_mask.sum()) and report.skipped == 0
 
 
 def test_value_head_learns_its_targets_and_is_not_served(model_dir):
@@ -56,7 +56,7 @@ def test_value_head_learns_its_targets_and_is_not_served(model_dir):
     b = batch(model.config.vocab_size, value_targets=True)
     assert predict(model, b).values.abs().max() == 0  # zero-initialised: GAE starts from plain returns
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = [train_step(model, optimizer, b, LossConfig(), 1.0, 1, value_coef=1.0)["value_loss"] for _ in range(8)]
+    losses = [train_step(model, optimizer, b, LossConfig(), 1.0, 1, value_coef=1.0).value_loss for _ in range(8)]
     assert losses[0] == pytest.approx(1.0) and losses[-1] < 0.5 * losses[0]  # V moves towards the returns
     assert not any(name.startswith("value_head") for name in served_tensors(model))
 
@@ -68,7 +68,7 @@ def test_kl_to_the_frozen_reference_grows_as_the_policy_moves(model_dir):
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
     b = batch(model.config.vocab_size)
     config = LossConfig(kl_coef=0.1, entropy_coef=0.01)
-    kls = [train_step(model, optimizer, b, config, 1.0, 1, ref_model=reference)["kl_ref"] for _ in range(3)]
+    kls = [train_step(model, optimizer, b, config, 1.0, 1, ref_model=reference).kl_ref for _ in range(3)]
     assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[2] > kls[1] > 0
     ref_state = reference.state_dict()
     fresh = load_policy(str(model_dir), NO_AC, torch.device("cpu"), trainable=False).state_dict()
@@ -80,7 +80,7 @@ def test_entropy_is_reported_in_nats(model_dir):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     report = train_step(model, optimizer, batch(model.config.vocab_size), LossConfig(), 1.0, 1)
     vocab = model.config.vocab_size
-    assert 0 < report["entropy"] <= torch.log(torch.tensor(float(vocab))).item() + 1e-4  # a random model: near log V
+    assert 0 < report.entropy <= torch.log(torch.tensor(float(vocab))).item() + 1e-4  # a random model: near log V
 
 
 def test_a_non_finite_loss_skips_the_update(model_dir):
@@ -90,5 +90,5 @@ def test_a_non_finite_loss_skips_the_update(model_dir):
     b.advantages[0, 12] = float("nan")
     before = copy.deepcopy(model.state_dict())
     report = train_step(model, optimizer, b, LossConfig(), 1.0, 1)
-    assert report["skipped"] == 1.0
+    assert report.skipped == 1.0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -46,9 +46,7 @@ def main(model_dir: str, out: str, export_dir: str | None = None) -> None:
     full = global_batch(model.config.vocab_size)
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
     shard = full.rows(rows).to(device)
-    losses = [
-        train_step(model, optimizer, shard, LossConfig(off_policy="tis"), 1.0, world)["loss"] for _ in range(STEPS)
-    ]
+    losses = [train_step(model, optimizer, shard, LossConfig(off_policy="tis"), 1.0, world).loss for _ in range(STEPS)]
     if export_dir:
         export_policy(model, model_dir, export_dir, rank)
     if rank == 0:

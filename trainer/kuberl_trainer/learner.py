@@ -76,7 +76,7 @@ def loss_config_for(job: RLJob) -> LossConfig:
     return LossConfig(
         clip_low=algorithm.clip_ratio_low,
         clip_high=algorithm.clip_ratio_high,
-        off_policy=str(algorithm.off_policy_correction.mode),
+        off_policy=algorithm.off_policy_correction.mode,
         cap=algorithm.off_policy_correction.cap,
         aggregation=str(algorithm.loss_aggregation),
         kl_coef=algorithm.kl_coef,
@@ -182,8 +182,8 @@ def run_learner(
         trained = time.monotonic() - trained
         state.step += 1
         state.policy_version += 1
-        consecutive_skipped = consecutive_skipped + 1 if report["skipped"] else 0
-        last_mismatch = report["mismatch_kl"]
+        consecutive_skipped = consecutive_skipped + 1 if report.skipped else 0
+        last_mismatch = report.mismatch_kl
 
         synced = time.monotonic()
         _publish(model, driver, state.policy_version)
@@ -302,7 +302,7 @@ def _step_line(
     return {
         "step": state.step,
         "policy_version": state.policy_version,
-        "loss": report["loss"],
+        "loss": report.loss,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(correction=0)),
         "solve_rate": float((rewards >= 1.0).float().mean()),
@@ -317,13 +317,13 @@ def _step_line(
         "tampered": batch.tampered,
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
         "staleness_max": max(batch.staleness, default=0),
-        "mismatch_kl": report["mismatch_kl"],
-        "kl_ref": report["kl_ref"],
-        "entropy": report["entropy"],
-        "value_loss": report["value_loss"],
-        "clip_fraction": report["clip_fraction"],
-        "grad_norm": report["grad_norm"],
-        "skipped": report["skipped"],
+        "mismatch_kl": report.mismatch_kl,
+        "kl_ref": report.kl_ref,
+        "entropy": report.entropy,
+        "value_loss": report.value_loss,
+        "clip_fraction": report.clip_fraction,
+        "grad_norm": report.grad_norm,
+        "skipped": report.skipped,
         "generated_tokens": generated,
         "tokens_per_s": round(generated / max(total, 1e-9), 1),
         "wait_s": round(waited, 3),

@@ -93,6 +93,26 @@ def predict(model, batch: TokenBatch) -> Forward:
 STAT_KEYS = ("mismatch_kl", "clip_fraction", "is_weight_mean", "entropy", "kl_ref", "value_loss")
 
 
+@dataclass(frozen=True)
+class StepReport:
+    """What one training step did, token-weighted over ranks and mini-batches (the metrics line's numbers)."""
+
+    loss: float
+    grad_norm: float
+    """Mean over the updates that were applied (NaN when none was)."""
+    skipped: float
+    """Updates skipped for a non-finite loss or gradient norm."""
+    tokens: float
+    """Loss tokens of the global batch."""
+    mismatch_kl: float = 0.0
+    """KL between the rollout engine's sampling log-probs and the learner's (state mismatch)."""
+    clip_fraction: float = 0.0
+    is_weight_mean: float = 0.0
+    entropy: float = 0.0
+    kl_ref: float = 0.0
+    value_loss: float = 0.0
+
+
 def train_step(
     model,
     optimizer,
@@ -104,7 +124,7 @@ def train_step(
     ref_model=None,
     value_coef: float = 0.0,
     before_update: Callable[[], None] | None = None,
-) -> dict[str, float]:
+) -> StepReport:
     """Forward, backward, clip, step (per mini-batch); returns loss, grad norm, diagnostics (token-weighted
     over ranks and mini-batches) and the number of skipped updates. Every rank must have the same number
     of rows, at least `mini_batches` (pad with rows whose loss mask is empty). `before_update` runs before
@@ -140,7 +160,7 @@ def train_step(
     report = {k: (v / max(total_tokens, 1.0) if k in ("loss", *STAT_KEYS) else v) for k, v in report.items()}
     report["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
     report["tokens"] = total_tokens
-    return report
+    return StepReport(**report)
 
 
 def _update(

@@ -11,19 +11,21 @@ from dataclasses import dataclass
 
 import torch
 
+from kuberl.api.spec import LossAggregation, OffPolicyMode
+
 
 @dataclass(frozen=True)
 class LossConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
-    off_policy: str = "tis"  # none | tis | mis
+    off_policy: OffPolicyMode = OffPolicyMode.TIS
     cap: float = 2.0
-    aggregation: str = "token-mean"  # token-mean | seq-mean
+    aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: LossAggregation | str) -> torch.Tensor:
     """token-mean: over every masked token of the batch; seq-mean: per trajectory first, then over them."""
     m = mask.to(per_token.dtype)
     if how == "token-mean":
