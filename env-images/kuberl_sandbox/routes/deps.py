@@ -1,0 +1,34 @@
+"""What every route needs: the caller authenticated, and the app's session manager."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from kuberl_sandbox.sessions import Session, SessionError, SessionManager
+
+
+async def authenticate(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """The bearer token, compared in constant time."""
+    scheme, _, presented = (authorization or "").partition(" ")
+    token: bytes = request.app.state.token
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), token):
+        raise SessionError(401, "missing or wrong bearer token")
+
+
+def manager_of(request: Request) -> SessionManager:
+    return request.app.state.manager
+
+
+Manager = Annotated[SessionManager, Depends(manager_of)]
+AUTHENTICATED = [Depends(authenticate)]
+
+
+def session_of(session_id: str, manager: Manager) -> Session:
+    """The session a route's `{session_id}` names (404 when there is none)."""
+    return manager.get(session_id)
+
+
+SessionOf = Annotated[Session, Depends(session_of)]
