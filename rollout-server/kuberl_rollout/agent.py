@@ -9,7 +9,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -64,6 +63,21 @@ class _Record:
 
 
 @dataclass
+class EpisodeState:
+    """How one episode stands, filled in as it runs (what survives a timeout or a sandbox failure)."""
+
+    record: _Record | None = None
+    """The token record; None until the sandbox opened the session and the prompt exists."""
+    finish: FinishReason = FinishReason.MAX_TURNS
+    error: str | None = None
+    """Why the episode failed (finish reason `error`)."""
+    final: float | None = None
+    """The outcome reward the submit step returned; None until then (the episode is scored at the end)."""
+    timings: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "environment": 0.0})
+    """Seconds per phase, summed over the turns."""
+
+
+@dataclass
 class Agent:
     """Runs episodes with one engine and one chat format."""
 
@@ -74,33 +88,32 @@ class Agent:
     observe: Callable[[str, float], None] | None = None
     """Called with ("generate" | "environment", seconds) after each phase of each turn (metrics)."""
 
-    def _timed(self, timings: dict[str, float], phase: str, seconds: float) -> None:
-        timings[phase] += seconds
+    def _timed(self, episode: EpisodeState, phase: str, seconds: float) -> None:
+        episode.timings[phase] += seconds
         if self.observe is not None:
             self.observe(phase, seconds)
 
     async def run(self, env: SandboxEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory:
         """One episode of `task`; never raises for what the model or the sandbox does."""
         started = time.monotonic()
-        timings = {"generate": 0.0, "environment": 0.0}
-        state: dict[str, Any] = {"record": None, "finish": FinishReason.MAX_TURNS, "error": None, "final": None}
+        episode = EpisodeState()
         try:
             async with asyncio.timeout(self.limits.trajectory_timeout_s):
-                await self._loop(env, task, seed, timings, state)
+                episode.finish = await self._loop(env, task, seed, episode)
         except TimeoutError:
-            state["finish"] = FinishReason.TIMEOUT
+            episode.finish = FinishReason.TIMEOUT
         except (SandboxError, httpx.HTTPError) as err:
-            state["finish"], state["error"] = FinishReason.ERROR, f"sandbox failed: {err or type(err).__name__}"
+            episode.finish, episode.error = FinishReason.ERROR, f"sandbox failed: {err or type(err).__name__}"
         finally:
             session_id = env.session_id
             with contextlib.suppress(SandboxError, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
                 await asyncio.wait_for(env.close(), timeout=10)
-        record: _Record | None = state["record"]
+        record = episode.record
         if record is None:  # the sandbox failed before the first prompt existed
             record = _Record(self.chat.prompt_ids(self._messages(task.prompt)))
-        if state["final"] is None and state["finish"] != FinishReason.ERROR:
-            state["final"] = env.final_reward()
-        timings["total"] = time.monotonic() - started
+        if episode.final is None and episode.finish != FinishReason.ERROR:
+            episode.final = env.final_reward()
+        episode.timings["total"] = time.monotonic() - started
         return Trajectory(
             trajectory_id=uuid.uuid4().hex,
             task_id=task.task_id,
@@ -111,69 +124,76 @@ class Agent:
             policy_versions=record.versions,
             prompt_length=record.prompt_length,
             turns=record.turns,
-            final_reward=state["final"] or 0.0,
-            finish_reason=state["finish"],
+            final_reward=episode.final or 0.0,
+            finish_reason=episode.finish,
             resolved=env.resolved(),
             tampering=env.tampering(),
-            error=state["error"],
+            error=episode.error,
             sandbox_session_id=session_id,
-            timings=timings,
+            timings=episode.timings,
         )
 
-    async def _loop(self, env: SandboxEnvironment, task: Task, seed: int | None, timings: dict, state: dict) -> None:
+    async def _loop(self, env: SandboxEnvironment, task: Task, seed: int | None, episode: EpisodeState) -> FinishReason:
+        """Open the session, then take turns; why the episode ended."""
         t0 = time.monotonic()
         observation = await asyncio.wait_for(env.reset(task), self.limits.turn_timeout_s)
-        self._timed(timings, "environment", time.monotonic() - t0)
-        record = state["record"] = _Record(self.chat.prompt_ids(self._messages(observation)))
-        eos = self.chat.tokenizer.eos_token_id
+        self._timed(episode, "environment", time.monotonic() - t0)
+        record = episode.record = _Record(self.chat.prompt_ids(self._messages(observation)))
         for turn in range(self.limits.max_turns):
-            budget = min(self.limits.max_tokens_per_turn, self.limits.max_tokens - len(record.token_ids))
-            if budget <= 0:
-                state["finish"] = FinishReason.MAX_TOKENS
-                return
+            finish = await self._turn(env, record, None if seed is None else seed + turn, episode)
+            if finish is not None:
+                return finish
+        return FinishReason.MAX_TURNS
+
+    async def _turn(
+        self, env: SandboxEnvironment, record: _Record, seed: int | None, episode: EpisodeState
+    ) -> FinishReason | None:
+        """Generate, run the tool call, append the observation; the finish reason when the episode ends here."""
+        budget = min(self.limits.max_tokens_per_turn, self.limits.max_tokens - len(record.token_ids))
+        if budget <= 0:
+            return FinishReason.MAX_TOKENS
+        t0 = time.monotonic()
+        generation = await self.engine.generate(
+            record.token_ids,
+            max_tokens=budget,
+            temperature=self.limits.temperature,
+            top_p=self.limits.top_p,
+            stop_token_ids=[self.chat.tokenizer.eos_token_id],
+            seed=seed,
+        )
+        self._timed(episode, "generate", time.monotonic() - t0)
+        start = len(record.token_ids)
+        record.add_generated(generation.token_ids, generation.logprobs, generation.versions)
+        action_end = len(record.token_ids)
+        # Decoded only to read the tool call; the ids above are what the learner trains on.
+        parsed = parse_tool_call(self.chat.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
+        reward, done, tool = None, False, None
+        if isinstance(parsed, ParseError):
+            text = parsed.message
+        else:
+            tool = parsed.name
             t0 = time.monotonic()
-            generation = await self.engine.generate(
-                record.token_ids,
-                max_tokens=budget,
-                temperature=self.limits.temperature,
-                top_p=self.limits.top_p,
-                stop_token_ids=[eos],
-                seed=None if seed is None else seed + turn,
-            )
-            self._timed(timings, "generate", time.monotonic() - t0)
-            start = len(record.token_ids)
-            record.add_generated(generation.token_ids, generation.logprobs, generation.versions)
-            action_end = len(record.token_ids)
-            # Decoded only to read the tool call; the ids above are what the learner trains on.
-            parsed = parse_tool_call(self.chat.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
-            reward, done, tool = None, False, None
-            if isinstance(parsed, ParseError):
-                text = parsed.message
-            else:
-                tool = parsed.name
-                t0 = time.monotonic()
-                try:
-                    result = await asyncio.wait_for(env.step(parsed), self.limits.turn_timeout_s)
-                except TimeoutError:
-                    record.turns.append(Turn(start=start, action_end=action_end, end=action_end, tool=tool))
-                    state["finish"] = FinishReason.TIMEOUT
-                    return
-                finally:
-                    self._timed(timings, "environment", time.monotonic() - t0)
-                text, reward, done = result.observation, result.reward, result.done
-            if done:
-                record.turns.append(Turn(start=start, action_end=action_end, end=action_end, reward=None, tool=tool))
-                state["finish"], state["final"] = FinishReason.SUBMITTED, reward
-                return
-            observation_ids = self.chat.observation_ids(text)
-            if len(record.token_ids) + len(observation_ids) > self.limits.max_tokens:
-                record.turns.append(Turn(start=start, action_end=action_end, end=action_end, reward=reward, tool=tool))
-                state["finish"] = FinishReason.MAX_TOKENS
-                return
-            record.add_observation(observation_ids)
-            record.turns.append(
-                Turn(start=start, action_end=action_end, end=len(record.token_ids), reward=reward, tool=tool)
-            )
+            try:
+                result = await asyncio.wait_for(env.step(parsed), self.limits.turn_timeout_s)
+            except TimeoutError:
+                record.turns.append(Turn(start=start, action_end=action_end, end=action_end, tool=tool))
+                return FinishReason.TIMEOUT
+            finally:
+                self._timed(episode, "environment", time.monotonic() - t0)
+            text, reward, done = result.observation, result.reward, result.done
+        if done:
+            record.turns.append(Turn(start=start, action_end=action_end, end=action_end, reward=None, tool=tool))
+            episode.final = reward
+            return FinishReason.SUBMITTED
+        observation_ids = self.chat.observation_ids(text)
+        if len(record.token_ids) + len(observation_ids) > self.limits.max_tokens:
+            record.turns.append(Turn(start=start, action_end=action_end, end=action_end, reward=reward, tool=tool))
+            return FinishReason.MAX_TOKENS
+        record.add_observation(observation_ids)
+        record.turns.append(
+            Turn(start=start, action_end=action_end, end=len(record.token_ids), reward=reward, tool=tool)
+        )
+        return None
 
     def _messages(self, observation: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": observation}]

@@ -17,11 +17,12 @@ from kuberl.rewards import check_tasks, resolve_reward
 from kuberl.storage import check_model_folder, local_copy
 from kuberl.suites import load_tasks
 from kuberl_rollout.agent import Agent, EpisodeLimits
-from kuberl_rollout.api import RolloutState, create_app
+from kuberl_rollout.api import create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.sandbox_client import SandboxClient
 from kuberl_rollout.service import RolloutService
+from kuberl_rollout.state import RolloutState
 from kuberl_rollout.weights import BucketAssembler, expected_tensors
 
 

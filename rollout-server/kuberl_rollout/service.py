@@ -4,6 +4,12 @@ Accepted episodes wait in a bounded backlog (a full backlog answers 429: backpre
 queue) and run at most `concurrent_sessions` at a time. Finished trajectories wait in an outbox that the
 learner long-polls. A server that restarts gets a new `boot_id`: groups it no longer knows answer 404,
 which tells the caller exactly which ones to re-submit.
+
+The server forgets what it handed out: a group is kept while an episode of it runs or a trajectory of it waits
+in the outbox; once its last trajectory has been taken (or its last episode cancelled), only its final
+`GroupInfo` is kept, among the `keep_finished` most recently finished groups, and older ones answer 404 like
+groups the server never ran. Memory follows the work in flight, not the server's age. The learner never asks
+about a group after its trajectories arrived (it polls `/v1/trajectories`, each trajectory delivered once).
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ import asyncio
 import contextlib
 import itertools
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kuberl.api.environment import RewardFunction, Task
+from kuberl.api.rollout_http import GroupInfo
 from kuberl.api.trajectory import Trajectory
 from kuberl.errors import ServiceError
 from kuberl.rewards import task_problem
@@ -38,17 +45,24 @@ class Group:
     failed: int = 0
     cancelled: bool = False
     episodes: list[asyncio.Task] = field(default_factory=list)
+    ended: int = 0  # episodes over: finished, cancelled or crashed
+    undelivered: int = 0  # trajectories in the outbox, not yet taken
 
-    def describe(self) -> dict[str, object]:
-        return {
-            "groupId": self.group_id,
-            "taskId": self.task.task_id,
-            "size": self.size,
-            "finished": self.finished,
-            "failed": self.failed,
-            "running": self.size - self.finished,
-            "cancelled": self.cancelled,
-        }
+    @property
+    def done(self) -> bool:
+        """Nothing of the group is left to run or to hand out."""
+        return self.ended == self.size and self.undelivered == 0
+
+    def describe(self) -> GroupInfo:
+        return GroupInfo(
+            group_id=self.group_id,
+            task_id=self.task.task_id,
+            size=self.size,
+            finished=self.finished,
+            failed=self.failed,
+            running=self.size - self.finished,
+            cancelled=self.cancelled,
+        )
 
 
 class RolloutService:
@@ -64,6 +78,7 @@ class RolloutService:
         max_backlog: int | None = None,
         process_reward: RewardFunction | None = None,
         process_weight: float = 0.0,
+        keep_finished: int = 256,
     ) -> None:
         if not sandboxes:
             raise ValueError("a rollout server needs at least one sandbox server")
@@ -75,7 +90,9 @@ class RolloutService:
         self._sandboxes = itertools.cycle(sandboxes)
         self._slots = asyncio.Semaphore(concurrent_sessions)
         self.max_backlog = max_backlog or 8 * concurrent_sessions
-        self.groups: dict[str, Group] = {}
+        self.groups: dict[str, Group] = {}  # groups with episodes running or trajectories not yet taken
+        self.recently_done: OrderedDict[str, GroupInfo] = OrderedDict()  # the last `keep_finished` done, oldest first
+        self.keep_finished = keep_finished
         self._outbox: deque[Trajectory] = deque()
         self._arrived = asyncio.Event()
         self._open_episodes = 0
@@ -103,18 +120,28 @@ class RolloutService:
         self.metrics.queued.inc(size)
         return group
 
-    def get(self, group_id: str) -> Group:
+    def describe(self, group_id: str) -> GroupInfo:
         group = self.groups.get(group_id)
-        if group is None:
-            raise WorkError(404, f"unknown group {group_id!r} (server boot {self.boot_id}; re-submit it)")
-        return group
+        if group is not None:
+            return group.describe()
+        info = self.recently_done.get(group_id)
+        if info is None:
+            raise WorkError(
+                404,
+                f"unknown group {group_id!r} (server boot {self.boot_id}: never run here, or finished and handed out "
+                f"before the last {self.keep_finished}; re-submit it if its trajectories never arrived)",
+            )
+        return info
 
-    def cancel(self, group_id: str) -> Group:
-        group = self.get(group_id)
+    def cancel(self, group_id: str) -> GroupInfo:
+        group = self.groups.get(group_id)
+        if group is None:  # finished (or unknown: 404): nothing left to stop
+            info = self.recently_done[group_id] = self.describe(group_id).model_copy(update={"cancelled": True})
+            return info
         group.cancelled = True
         for episode in group.episodes:
             episode.cancel()
-        return group
+        return group.describe()
 
     async def switch_policy(self, apply: Callable[[], Awaitable[None]], partial_rollouts: bool) -> None:
         """Run `apply` (a weight swap). Without partial rollouts, episodes in flight finish on the old
@@ -139,7 +166,11 @@ class RolloutService:
                 await asyncio.wait_for(self._arrived.wait(), timeout=wait_s)
         out = []
         while self._outbox and len(out) < limit:
-            out.append(self._outbox.popleft())
+            trajectory = self._outbox.popleft()
+            out.append(trajectory)
+            group = self.groups[trajectory.group_id]
+            group.undelivered -= 1
+            self._forget_if_done(group)
         return out
 
     async def _episode(self, group: Group, seed: int | None) -> None:
@@ -173,11 +204,22 @@ class RolloutService:
             self.metrics.trajectories.labels("cancelled").inc()
         finally:
             self._open_episodes -= 1
+            group.ended += 1
+            self._forget_if_done(group)
 
     def _deliver(self, group: Group, trajectory: Trajectory) -> None:
         group.finished += 1
         group.failed += trajectory.error is not None
+        group.undelivered += 1
         self.metrics.trajectories.labels(str(trajectory.finish_reason)).inc()
         self.metrics.generated_tokens.inc(trajectory.generated_tokens)
         self._outbox.append(trajectory)
         self._arrived.set()
+
+    def _forget_if_done(self, group: Group) -> None:
+        """Keep only the final description of a group that is done, among the `keep_finished` latest."""
+        if not group.done or self.groups.pop(group.group_id, None) is None:
+            return
+        self.recently_done[group.group_id] = group.describe()
+        while len(self.recently_done) > self.keep_finished:
+            self.recently_done.popitem(last=False)

@@ -5,6 +5,8 @@ Servers come and go (a crash, a spot preemption, a replacement): a server that d
 marked down and skipped; one that answers with a new boot id has restarted, lost its groups and
 serves its initial weights. `collect` reports both, so the caller can re-submit that server's groups
 and send it the current weights.
+
+Requests and answers are the models of `kuberl.api.rollout_http`, the ones the server declares.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from kuberl.api.environment import Task
+from kuberl.api.rollout_http import AcceptedGroup, BucketQuery, Policy, SubmitGroup, Trajectories, TrajectoryQuery
 from kuberl.api.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -52,68 +55,60 @@ class RolloutClient:
 
     def submit(self, task_id: str, size: int, seed: int) -> SubmittedGroup:
         """Start a group on the next server that accepts it."""
-        for _ in range(len(self.http)):
-            server, self._turn = self._turn, (self._turn + 1) % len(self.http)
-            if server in self.down:
-                continue
-            try:
-                r = self.http[server].post("/v1/groups", json={"taskId": task_id, "groupSize": size, "seed": seed})
-                r.raise_for_status()
-            except httpx.TransportError as err:
-                self._mark_down(server, err)
-                continue
-            return SubmittedGroup(r.json()["groupId"], task_id, seed, size, server)
-        raise NoRolloutServer(f"no rollout server accepts work ({len(self.down)} of {len(self.http)} down)")
+        return self._submit(SubmitGroup(task_id=task_id, group_size=size, seed=seed), task_id, seed)
 
     def submit_task(self, task: Task, size: int, seed: int) -> SubmittedGroup:
         """Start a group of an inline task, one the servers need not know (evaluation on a held-out split)."""
-        body = {"task": task.to_manifest(), "groupSize": size, "seed": seed}
+        return self._submit(SubmitGroup(task=task, group_size=size, seed=seed), task.task_id, seed)
+
+    def _submit(self, body: SubmitGroup, task_id: str, seed: int) -> SubmittedGroup:
         for _ in range(len(self.http)):
             server, self._turn = self._turn, (self._turn + 1) % len(self.http)
             if server in self.down:
                 continue
             try:
-                r = self.http[server].post("/v1/groups", json=body)
+                r = self.http[server].post("/v1/groups", json=body.wire())
                 r.raise_for_status()
             except httpx.TransportError as err:
                 self._mark_down(server, err)
                 continue
-            return SubmittedGroup(r.json()["groupId"], task.task_id, seed, size, server)
+            accepted = AcceptedGroup.model_validate_json(r.content)
+            return SubmittedGroup(accepted.group_id, task_id, seed, body.group_size, server)
         raise NoRolloutServer(f"no rollout server accepts work ({len(self.down)} of {len(self.http)} down)")
 
     def collect(self, wait: float) -> Collected:
         """Finished trajectories from every server (long-polling each up to `wait` / servers seconds), and
         which servers were lost or came back since the last call."""
         out = Collected()
+        query = TrajectoryQuery(wait=wait / len(self.http), limit=1024).wire()
         for server, http in enumerate(self.http):
             try:
-                body = http.get("/v1/trajectories", params={"wait": wait / len(self.http), "limit": 1024})
-                body = body.raise_for_status().json()
+                body = Trajectories.model_validate_json(
+                    http.get("/v1/trajectories", params=query).raise_for_status().content
+                )
             except (httpx.TransportError, httpx.HTTPStatusError) as err:
                 if server not in self.down:
                     out.lost.append(server)
                 self._mark_down(server, err)
                 continue
             previous = self.boot_ids[server]
-            self.boot_ids[server] = body["bootId"]
-            rebooted = previous is not None and previous != body["bootId"]
+            self.boot_ids[server] = body.boot_id
+            rebooted = previous is not None and previous != body.boot_id
             if rebooted or server in self.down:
                 out.restarted.append(server)  # it may lack the current weights
                 if rebooted and server not in out.lost and server not in self.down:
                     out.lost.append(server)  # restarted between two polls: its groups are gone too
             self.down.discard(server)
-            out.trajectories += [Trajectory.model_validate(t) for t in body["trajectories"]]
+            out.trajectories += body.trajectories
         return out
 
     def publish(self, version: int, blob: bytes, servers: list[int] | None = None) -> list[int]:
         """Send the weights of `version` to the servers (all by default); returns those that took them.
         A server that is down gets them when it comes back."""
-        took = []
+        took, query = [], BucketQuery(of=1).wire()
         for server in range(len(self.http)) if servers is None else servers:
             try:
-                self.http[server].put(
-                    f"/v1/weights/{version}/buckets/0", params={"of": 1}, content=blob
-                ).raise_for_status()
+                self.http[server].put(f"/v1/weights/{version}/buckets/0", params=query, content=blob).raise_for_status()
             except httpx.TransportError as err:
                 self._mark_down(server, err)
                 continue
@@ -123,7 +118,7 @@ class RolloutClient:
     def catch_up(self, server: int, version: int, blob: bytes) -> bool:
         """Send `version` to one server unless it already serves it (or newer); True when it has it now."""
         try:
-            served = self.http[server].get("/v1/policy").raise_for_status().json()["version"]
+            served = self._policy(self.http[server]).version
         except httpx.TransportError as err:
             self._mark_down(server, err)
             return False
@@ -133,10 +128,14 @@ class RolloutClient:
         versions = []
         for server, http in enumerate(self.http):
             try:
-                versions.append(http.get("/v1/policy").raise_for_status().json()["version"])
+                versions.append(self._policy(http).version)
             except httpx.TransportError as err:
                 self._mark_down(server, err)
         return versions or [0]
+
+    @staticmethod
+    def _policy(http: httpx.Client) -> Policy:
+        return Policy.model_validate_json(http.get("/v1/policy").raise_for_status().content)
 
     def close(self) -> None:
         for http in self.http:

@@ -1,0 +1,36 @@
+"""What the rollout server's routes share: the state the app holds once the engine is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from kuberl_rollout.engine import UpdateMode
+from kuberl_rollout.metrics import RolloutMetrics
+from kuberl_rollout.service import RolloutService, WorkError
+from kuberl_rollout.weights import BucketAssembler
+
+
+@dataclass
+class RolloutState:
+    """What the app holds once started (built by `kuberl_rollout.server`)."""
+
+    service: RolloutService
+    metrics: RolloutMetrics
+    model_name: str
+    update_mode: UpdateMode
+    assembler: BucketAssembler
+    partial_rollouts: bool = False
+
+
+def loaded(request: Request) -> RolloutState:
+    """The app's state; 503 while the engine is still loading."""
+    if request.app.state.rollout is None:
+        raise WorkError(503, "the engine is still loading")
+    return request.app.state.rollout
+
+
+State = Annotated[RolloutState, Depends(loaded)]
+"""A route parameter: the loaded state."""

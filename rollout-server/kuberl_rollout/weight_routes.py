@@ -1,0 +1,59 @@
+"""Weight updates: the served version, bucketed uploads from the learner, and loads from storage.
+
+Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from kuberl.api.rollout_http import BucketQuery, BucketReceipt, LoadWeights, Policy, Problem, WeightsLoaded
+from kuberl_rollout.service import WorkError
+from kuberl_rollout.state import State
+from kuberl_rollout.weights import WeightError
+
+router = APIRouter(prefix="/v1", tags=["weights"], responses={code: {"model": Problem} for code in (400, 422, 503)})
+
+
+@router.get("/policy")
+async def policy(s: State) -> Policy:
+    return Policy(version=s.service.agent.engine.version, boot_id=s.service.boot_id)
+
+
+@router.put("/weights/{version}/buckets/{index}", status_code=202)
+async def upload_bucket(
+    version: int, index: int, query: Annotated[BucketQuery, Query()], request: Request, s: State
+) -> BucketReceipt:
+    blob = await request.body()
+    s.metrics.weight_sync_bytes.inc(len(blob))
+    engine = s.service.agent.engine
+    if not s.assembler.add(version, index, query.of, blob, engine.version):
+        return BucketReceipt(version=version, received=len(s.assembler.buckets), of=query.of, applied=False)
+    blob = s.assembler.take()
+    started = time.monotonic()
+    await s.service.switch_policy(lambda: engine.update_weights(blob, version, s.update_mode), s.partial_rollouts)
+    s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
+    s.metrics.policy_version.set(version)
+    return BucketReceipt(version=version, received=query.of, of=query.of, applied=True)
+
+
+@router.post("/weights/load")
+async def load_weights(body: LoadWeights, s: State) -> WeightsLoaded:
+    from kuberl.storage import LocalCopyError, local_copy
+
+    engine = s.service.agent.engine
+    if body.version <= engine.version:
+        raise WeightError(f"version {body.version} is not newer than the served version {engine.version}")
+    try:
+        folder = await asyncio.to_thread(local_copy, body.uri)  # an S3 download must not stall serving
+    except LocalCopyError as err:
+        raise WorkError(400, str(err)) from None
+    started = time.monotonic()
+    await s.service.switch_policy(lambda: engine.load_weights(folder, body.version, s.update_mode), s.partial_rollouts)
+    s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
+    s.metrics.policy_version.set(body.version)
+    return WeightsLoaded(version=body.version, applied=True)
