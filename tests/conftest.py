@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # console scripts (kuberl, ruff, torchrun, helm) beside the interpreter
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 sys.path.insert(0, str(REPO / "tests"))  # for `helpers`
 

@@ -64,7 +64,7 @@ class ApiModel(BaseModel):
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
-        schema = handler(core_schema)
+        schema: dict[str, Any] = handler(core_schema)
         if any(r.cel for r in cls.cross_field_rules):
             target = handler.resolve_ref_schema(schema)
             target["x-kubernetes-validations"] = [

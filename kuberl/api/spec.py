@@ -7,15 +7,15 @@ Field names are snake_case here and camelCase in manifests.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
 from kuberl.api.base import ApiModel, CrossFieldRule
 from kuberl.api.types import DnsLabel, Duration, Image, Quantity, StorageUri, parse_duration
 
-API_VERSION = "kuberl.io/v1alpha1"
-KIND = "RLJob"
+API_VERSION: Final = "kuberl.io/v1alpha1"
+KIND: Final = "RLJob"
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kuberl"
 
 

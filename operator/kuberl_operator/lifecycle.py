@@ -164,8 +164,8 @@ def _breaker(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
     idle = None
     if status.phase == Phase.RUNNING and observed.last_progress is not None:
         idle = (now - observed.last_progress).total_seconds()
-    if stop := stop_for(spec, Progress(status.step, status.running_seconds, seconds_since_step=idle)):
-        return _finish(status, now, stop.phase, stop.reason or Reason.COMPLETED, stop.message)
+    if tripped := stop_for(spec, Progress(status.step, status.running_seconds, seconds_since_step=idle)):
+        return _finish(status, now, tripped.phase, tripped.reason or Reason.COMPLETED, tripped.message)
     return None
 
 

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from conftest import BASE_MANIFEST, EXAMPLES, REPO
+from conftest import BASE_MANIFEST, BIN, EXAMPLES, REPO
 from helpers.crd_schema import apply_defaults, cel_violations
 
 from kuberl.api import RLJob
 from kuberl.crd import rljob_crd, rljob_crd_yaml
 
 CRD_FILE = REPO / "crds" / "rljob.yaml"
-KUBERL = shutil.which("kuberl") or str(Path(REPO / ".venv/bin/kuberl"))
+KUBERL = str(BIN / "kuberl")
 
 
 def openapi() -> dict[str, Any]:
@@ -32,7 +30,7 @@ def test_kuberl_crds_prints_exactly_the_committed_file():
 
 def test_crd_passes_kubernetes_validate_strict(tmp_path):
     result = subprocess.run(
-        [str(REPO / ".venv/bin/kubernetes-validate"), "--strict", "-k", "1.30.0", str(CRD_FILE)],
+        [str(BIN / "kubernetes-validate"), "--strict", "-k", "1.30.0", str(CRD_FILE)],
         capture_output=True,
         text=True,
     )

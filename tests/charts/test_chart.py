@@ -17,7 +17,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import EXAMPLES, REPO
+from conftest import BIN, EXAMPLES, REPO
 
 from kuberl.crd import GROUP, PLURAL
 from kuberl.kube import collection_path
@@ -31,7 +31,7 @@ from kuberl_operator.security import SandboxPodSecurity
 CHART = REPO / "charts" / "kuberl"
 ALL_ON = Path(__file__).with_name("values-all-on.yaml")
 MONITORING_SCHEMA = json.loads(Path(__file__).with_name("prometheus-operator.schema.json").read_text())
-HELM = str(REPO / ".venv" / "bin" / "helm") if (REPO / ".venv" / "bin" / "helm").exists() else shutil.which("helm")
+HELM = str(BIN / "helm") if (BIN / "helm").exists() else shutil.which("helm")
 RELEASE, NAMESPACE = "kuberl", "kuberl-system"
 OLDEST, NEWEST = "1.30", kubernetes_validate.utils.latest_version()
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
@@ -143,8 +143,7 @@ def test_chart_metadata_follows_the_project():
 def test_the_chart_crd_is_a_byte_identical_copy_of_crds():
     source, chart_copy = REPO / "crds" / "rljob.yaml", CHART / "crds" / "rljob.yaml"
     assert chart_copy.read_bytes() == source.read_bytes(), (
-        "charts/kuberl/crds/rljob.yaml differs from crds/rljob.yaml (`make crds` regenerates crds/); "
-        "run: cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml"
+        "charts/kuberl/crds/rljob.yaml differs from crds/rljob.yaml: run `make crds` (it writes both)"
     )
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["rljob.yaml"]
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BASE_MANIFEST, REPO
+from conftest import BASE_MANIFEST, BIN
 from helpers.tiny_job import tiny_job_spec
 
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl.suites import load_tasks
 from kuberl.suites.store import write_jsonl
 
-KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
+KUBERL = str(BIN / "kuberl")
 
 
 def kuberl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

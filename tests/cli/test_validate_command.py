@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BASE_MANIFEST, EXAMPLES, REPO
+from conftest import BASE_MANIFEST, BIN, EXAMPLES
 
-KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
+KUBERL = str(BIN / "kuberl")
 
 
 def kuberl(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -156,12 +156,14 @@ def test_no_arguments_is_a_usage_error():
 QUICK_BUILD = ("--hidden-size", "64", "--layers", "1", "--no-copy-pretraining")
 
 
+@pytest.mark.slow  # builds a model
 def test_build_tiny_model_writes_a_loadable_model(tmp_path):
     result = kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow  # builds a model, then starts every entrypoint
 def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tmp_path):
     kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
     (tmp_path / "tiny" / "model.safetensors").unlink()

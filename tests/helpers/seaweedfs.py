@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -13,7 +14,6 @@ from pathlib import Path
 
 from kuberl_sandbox.local import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 PORT_FLAGS = [
     "master.port",
     "master.port.grpc",
@@ -65,7 +65,7 @@ def seaweedfs() -> Iterator[S3Server]:
     (folder / "s3.json").write_text(json.dumps(identities))
     ports = {flag: free_port() for flag in PORT_FLAGS}
     argv = [
-        str(REPO / ".venv/bin/weed"),
+        str(Path(sys.executable).parent / "weed"),
         "mini",
         f"-dir={folder / 'data'}",
         "-ip=127.0.0.1",

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES, REPO
+from conftest import BIN, EXAMPLES
 
 from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects, render_yaml_stream, target_namespace
 from kuberl_operator.meta import owner_reference
 
-KUBERL = str(REPO / ".venv" / "bin" / "kuberl")
+KUBERL = str(BIN / "kuberl")
 GOLDEN = Path(__file__).parent / "golden"
 UID = "00000000-0000-4000-8000-000000000000"
 UPDATE = os.environ.get("KUBERL_UPDATE_GOLDEN") == "1"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import REPO
+from conftest import BIN, REPO
 
-RUFF = str(REPO / ".venv" / "bin" / "ruff")
+RUFF = str(BIN / "ruff")
 
 
 @pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]], ids=["check", "format"])

@@ -10,7 +10,7 @@ import socket
 import subprocess
 
 import pytest
-from conftest import REPO
+from conftest import BIN, REPO
 
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.checkpoints.store import CheckpointStore
@@ -29,7 +29,7 @@ def run_gang(model, store_dir, out, staging_root, steps: int) -> None:
     agents = []
     for machine in range(2):
         argv = [
-            str(REPO / ".venv/bin/torchrun"),
+            str(BIN / "torchrun"),
             "--nnodes",
             "2",
             "--nproc-per-node",

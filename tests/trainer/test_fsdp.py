@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import BIN
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def run(world: int, model, folder) -> list[float]:
     out, export = folder / f"world{world}.json", folder / f"export{world}"
     argv = [
-        str(REPO / ".venv/bin/torchrun"),
+        str(BIN / "torchrun"),
         "--standalone",
         "--nproc_per_node",
         str(world),

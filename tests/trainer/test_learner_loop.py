@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import REPO
+from conftest import BIN
 from helpers.tiny_job import tiny_job_spec
 
 from kuberl.modeling.tiny import build_tiny_model
@@ -73,7 +73,7 @@ def learner_argv(job_file, url, run_dir, ranks: int = 1, metrics_port: int | Non
     tail += ["--metrics-port", str(metrics_port)] if metrics_port else []
     if ranks == 1:
         return [sys.executable, "-m", "kuberl.cli", *tail]
-    return [str(REPO / ".venv/bin/torchrun"), "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
+    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
 
 
 def failure(stderr: str) -> str:

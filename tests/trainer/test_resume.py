@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import REPO
+from conftest import BIN, REPO
 from helpers.seaweedfs import seaweedfs
 
 from kuberl.modeling.tiny import build_tiny_model
@@ -23,7 +23,7 @@ STEPS, EVERY = 8, 2
 
 def launch(model, uri, out, env, slow_step=-1):
     argv = [
-        str(REPO / ".venv/bin/torchrun"),
+        str(BIN / "torchrun"),
         "--standalone",
         "--nproc_per_node",
         "1",

@@ -2,8 +2,8 @@
 
     torchrun --standalone --nproc_per_node 2 -m kuberl_trainer.equivalence MODEL_DIR OUT.json [EXPORT_DIR]
 
-Rank 0 writes the loss of every step; any world size must write the same numbers (the tests compare
-1 and 2 processes; benchmarks/gpu_check.py reuses it on CUDA).
+Rank 0 writes the loss of every step; any world size must write the same numbers
+(tests/trainer/test_fsdp.py compares 1 and 2 processes).
 """
 
 from __future__ import annotations
