@@ -28,6 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+# The API emulator is a test harness (tests/helpers/emulator.py), not part of the shipped operator.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 JOBS = int(os.environ.get("KUBERL_BENCH_JOBS", "1000"))
 NS = "default"
 TIMEOUT_S = 1800.0
@@ -84,7 +87,7 @@ def children_per_job(api) -> dict[str, int]:
 def emulator_floor_s(objects_per_job: list[dict], jobs: int) -> float:
     """Seconds for a fresh emulator to take `jobs` jobs' worth of creates from 8 client threads in another
     process (as the operator is), with nothing else running."""
-    from kuberl_operator.emulator import emulated_api_server
+    from helpers.emulator import emulated_api_server
 
     with emulated_api_server() as url, tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
         json.dump({"url": url, "jobs": jobs, "objects": objects_per_job}, spec)
@@ -95,8 +98,9 @@ def emulator_floor_s(objects_per_job: list[dict], jobs: int) -> float:
 
 
 def floor_client(spec_path: str) -> None:
+    from helpers.emulator import Api
+
     from kuberl.kube import collection_path
-    from kuberl_operator.emulator import Api
 
     spec = json.loads(Path(spec_path).read_text())
     api = Api(spec["url"])
@@ -111,9 +115,10 @@ def floor_client(spec_path: str) -> None:
 
 
 def run() -> dict[str, object]:
+    from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
+
     from kuberl.api.rljob import RLJob
     from kuberl_operator.desired import desired_objects
-    from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 
     probe = desired_objects(RLJob.from_manifest(manifest("probe")), NS, owner=None)
     expected = len(probe) + 1  # + the sandbox token Secret

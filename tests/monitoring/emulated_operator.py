@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 
-from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 from kuberl_sandbox.local import free_port
 
 OPERATOR_JOB = ("default", "probe")  # the RLJob the operator drives: (namespace, name)

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberl_operator.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_sandbox.local import free_port
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +25,7 @@ def run(world: int, model, folder) -> list[float]:
         "--standalone",
         "--nproc_per_node",
         str(world),
-        "-m",
-        "kuberl_trainer.equivalence",
+        str(Path(__file__).resolve().parents[1] / "helpers" / "fsdp_equivalence.py"),
         str(model),
         str(out),
         str(export),

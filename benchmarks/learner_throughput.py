@@ -1,6 +1,6 @@
 """Learner throughput under torchrun: tokens/s of full RL train steps on random tokens.
 
-    torchrun --standalone --nproc_per_node N -m kuberl_trainer.throughput MODEL_DIR OUT.json [BATCH] [LENGTH] [STEPS]
+    torchrun --standalone --nproc_per_node N benchmarks/learner_throughput.py MODEL OUT.json [BATCH] [LENGTH] [STEPS]
 
 BATCH is the global batch (split over ranks); the first step is a warm-up and is not timed.
 """

@@ -1,6 +1,6 @@
 """Self-check run under torchrun: a few steps of a fixed global batch, sharded over the ranks.
 
-    torchrun --standalone --nproc_per_node 2 -m kuberl_trainer.equivalence MODEL_DIR OUT.json [EXPORT_DIR]
+    torchrun --standalone --nproc_per_node 2 tests/helpers/fsdp_equivalence.py MODEL_DIR OUT.json [EXPORT_DIR]
 
 Rank 0 writes the loss of every step; any world size must write the same numbers
 (tests/trainer/test_fsdp.py compares 1 and 2 processes).
