@@ -183,9 +183,12 @@ def render(checks: Sequence[CallCheck], report: Report, results: dict[str, bool]
         else:
             failures += 1
             message = f" : {check.message}" if check.message else ""
+            got = _cut(repr(answer.value))
+            # the failing call first, as unittest's traceback shows the assert's line, then the assertion
             lines += [
                 f"FAIL: {check.test_id}",
-                f"AssertionError: {_cut(repr(answer.value))} != {check.expected!r}{message}",
+                f"{call} returned {got}, expected {check.expected!r}",
+                f"AssertionError: {got} != {check.expected!r}{message}",
             ]
     if report.tampering is not None:
         errors = len(results)
