@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import stat
 import sys
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ from pathlib import Path
 from kuberl.api.tampering import TamperingReason
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult
-from kuberl_sandbox.testrun import TestOutcome
+from kuberl_sandbox.testrun import TestOutcome, isolated_python, split_report
 
 STARTUP_FILES = {b"sitecustomize.py", b"usercustomize.py"}
 _TIMING = re.compile(r"^(Ran \d+ tests?) in \d+(\.\d+)?s$", re.MULTILINE)
@@ -125,25 +124,18 @@ def _remove_tree(parent: int, name: bytes) -> None:
 
 def command(names: list[str], folder: str, nonce: str) -> str:
     """The shell command that runs the unittest `names` (modules or test ids) in `folder`."""
-    request = json.dumps([nonce, folder, names])
-    return f"python -I -B -c {shlex.quote(RUNNER)} {shlex.quote(request)}"
+    return isolated_python(RUNNER, [nonce, folder, names])
 
 
 def outcome(result: CommandResult, nonce: str, expected_ids: list[str] | None, expected_total: int) -> TestOutcome:
     """Passes counted from the runner's report: of `expected_ids` when given, else of every test it ran
     (at most `expected_total`, the pristine files' test methods)."""
-    lines = result.output.split("\n")
-    reports = [line for line in lines if line.startswith(nonce)]
-    # without timings, the same workspace gives the same observation
-    text = _TIMING.sub(r"\1", "\n".join(line for line in lines if not line.startswith(nonce)).strip())
-    tampering, results = None, {}
-    if len(reports) > 1:
-        tampering = TamperingReason.SEVERAL_REPORTS
-    elif not reports:
-        tampering = None if result.timed_out else TamperingReason.NO_REPORT
-    else:
+    report = split_report(result, nonce)
+    text = _TIMING.sub(r"\1", report.output)  # without timings, the same workspace gives the same observation
+    tampering, results = report.tampering, {}
+    if report.payload is not None:
         try:
-            results = json.loads(reports[0][len(nonce) :])
+            results = json.loads(report.payload)
             if not isinstance(results, dict) or not all(isinstance(v, str) for v in results.values()):
                 raise ValueError("not a map of outcomes")
         except ValueError:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +38,23 @@ def free_port() -> int:
 
 @contextmanager
 def local_sandbox(
-    max_sessions: int = 2048, ready_timeout: float = 30.0, session_timeout: str = "30m", token: str | None = None
+    max_sessions: int = 2048,
+    ready_timeout: float = 30.0,
+    session_timeout: str = "30m",
+    token: str | None = None,
+    launcher: Sequence[str] = (),
+    extra_groups: Sequence[int] | None = None,
 ) -> Iterator[SandboxEndpoint]:
     """A `kuberl sandbox` process on 127.0.0.1 with a fresh root folder and token (or the one given: servers
-    of one job share it), advertising its own URL, stopped on exit."""
+    of one job share it), advertising its own URL, stopped on exit. `launcher` is put before the command
+    (tests start it with fewer capabilities, or in a user namespace); `extra_groups` are given to the process."""
     base = Path(tempfile.mkdtemp(prefix="kuberl-sbx-", dir="/tmp"))  # /tmp: reachable by session users
     os.chmod(base, 0o711)
     token, port = token or secrets.token_hex(16), free_port()
     log = base / "server.log"
     env = {**os.environ, env_vars.SANDBOX_TOKEN: token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
     argv = [
+        *launcher,
         sys.executable,
         "-m",
         "kuberl.cli",
@@ -64,7 +71,7 @@ def local_sandbox(
         session_timeout,
     ]
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, extra_groups=extra_groups)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(url + "/readyz", proc, log, ready_timeout)

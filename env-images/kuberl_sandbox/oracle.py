@@ -16,15 +16,13 @@ and the reason is reported (`kuberl.api.tampering`).
 from __future__ import annotations
 
 import json
-import secrets
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kuberl.api.environment import CallCheck
 from kuberl.api.tampering import TamperingReason
 from kuberl_sandbox.execution import CommandResult
-from kuberl_sandbox.testrun import Resolution, TestOutcome
+from kuberl_sandbox.testrun import Resolution, TestOutcome, isolated_python, split_report
 
 MAX_SHOWN = 300
 """Characters of a value or of the process's own output shown in the observation."""
@@ -76,25 +74,17 @@ class Report:
 def command(checks: Sequence[CallCheck], folder: str, nonce: str) -> str:
     """The shell command that runs the checks' calls in `folder` and reports their values after `nonce`."""
     calls = [[i, c.module, c.function, c.args] for i, c in enumerate(checks)]
-    request = json.dumps([nonce, folder, calls])
-    return f"python -I -B -c {shlex.quote(CHILD)} {shlex.quote(request)}"
-
-
-def new_nonce() -> str:
-    return f"KUBERL-ORACLE-{secrets.token_hex(16)}:"
+    return isolated_python(CHILD, [nonce, folder, calls])
 
 
 def read_report(result: CommandResult, nonce: str, count: int) -> Report:
     """The answers of a run of `count` calls, checked: exactly one report, one answer per call."""
-    lines = result.output.split("\n")
-    reports = [line for line in lines if line.startswith(nonce)]
-    output = "\n".join(line for line in lines if not line.startswith(nonce)).strip()
-    if not reports:
-        return Report({}, None if result.timed_out else TamperingReason.NO_REPORT, output)
-    if len(reports) > 1:
-        return Report({}, TamperingReason.SEVERAL_REPORTS, output)
+    report = split_report(result, nonce)
+    output = report.output
+    if report.payload is None:
+        return Report({}, report.tampering, output)
     try:
-        raw = json.loads(reports[0][len(nonce) :])
+        raw = json.loads(report.payload)
         rows = [(int(i), kind, value) for i, kind, value in raw if kind in ("value", "error")]
         if len(rows) != len(raw):
             raise ValueError("unknown kind")

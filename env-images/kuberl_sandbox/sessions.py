@@ -29,7 +29,7 @@ from kuberl_sandbox.execution import CommandResult, Identity, make_private_root,
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
-from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods
+from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, new_nonce
 
 HIDDEN_DIR = "hidden"
 RM = shutil.which("rm") or "/bin/rm"
@@ -343,7 +343,7 @@ class SessionManager:
         return outcome
 
     async def _oracle_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
-        task, nonce = session.task, oracle.new_nonce()
+        task, nonce = session.task, new_nonce()
         assert task.oracle is not None
         checks = task.oracle.hidden if hidden else task.oracle.visible
         if not checks:
@@ -355,7 +355,7 @@ class SessionManager:
         return oracle.outcome(checks, result, nonce)
 
     async def _hardened_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
-        task, nonce = session.task, oracle.new_nonce()
+        task, nonce = session.task, new_nonce()
         visible = {p: c for p, c in task.files.items() if p.rsplit("/", 1)[-1].startswith("test")}
         own = [p.removesuffix(".py").split("/")[0] for p in task.files if p not in visible]
         tests = [_module_of(p) for p in [*visible, *task.hidden_tests]]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
+import shlex
 from dataclasses import dataclass
 
 from kuberl.api.tampering import TamperingReason
+from kuberl_sandbox.execution import CommandResult
 
 _TEST_DEF = re.compile(r"^\s+def (test\w*)\s*\(", re.MULTILINE)
 
@@ -72,3 +76,36 @@ class TestOutcome:
 def count_test_methods(sources: list[str]) -> int:
     """Test methods defined in unittest files: the denominator when a crash hides how many there were."""
     return sum(len(_TEST_DEF.findall(src)) for src in sources)
+
+
+# ------------------------------------------------------------------ a report from the agent's process
+def new_nonce() -> str:
+    """Marks the report line of one run (the agent's code does not know it in advance)."""
+    return f"KUBERL-REPORT-{secrets.token_hex(16)}:"
+
+
+def isolated_python(script: str, request: object) -> str:
+    """The shell command that runs `script` under `python -I -B` (no user site, no PYTHON* variables, no
+    bytecode written) with `request`, as JSON, for its one argument."""
+    return f"python -I -B -c {shlex.quote(script)} {shlex.quote(json.dumps(request))}"
+
+
+@dataclass(frozen=True)
+class RawReport:
+    """What a run printed, split: the one report after the nonce (if there was exactly one), the rest."""
+
+    payload: str | None
+    tampering: TamperingReason | None
+    """NO_REPORT or SEVERAL_REPORTS (None when the run timed out without one: that is not tampering)."""
+    output: str
+
+
+def split_report(result: CommandResult, nonce: str) -> RawReport:
+    lines = result.output.split("\n")
+    reports = [line[len(nonce) :] for line in lines if line.startswith(nonce)]
+    output = "\n".join(line for line in lines if not line.startswith(nonce)).strip()
+    if len(reports) > 1:
+        return RawReport(None, TamperingReason.SEVERAL_REPORTS, output)
+    if not reports:
+        return RawReport(None, None if result.timed_out else TamperingReason.NO_REPORT, output)
+    return RawReport(reports[0], None, output)

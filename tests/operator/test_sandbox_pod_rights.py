@@ -6,12 +6,8 @@ shows up here as a failed request or a leftover, not first on a cluster. Needs r
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +20,7 @@ from conftest import EXAMPLES
 from kuberl.validation import load_rljob
 from kuberl_operator.sandbox import build_sandbox_deployment
 from kuberl_operator.security import SandboxPodSecurity
-from kuberl_sandbox.local import free_port, wait_until_ready
+from kuberl_sandbox.local import local_sandbox
 
 SETPRIV = shutil.which("setpriv")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None, reason="needs root and util-linux setpriv")
@@ -87,43 +83,14 @@ def rendered_capabilities() -> list[str]:
 @contextmanager
 def sandbox_server(capabilities: list[str], user_namespace: bool) -> Iterator[tuple[httpx.Client, Path]]:
     """`kuberl sandbox` as root with only `capabilities`, optionally in a pod-like user namespace."""
-    base = Path(tempfile.mkdtemp(prefix="kuberl-rights-", dir="/tmp"))
-    os.chmod(base, 0o711)
-    token, port = secrets.token_hex(16), free_port()
     bounding = ",".join(["-all", *(f"+{c.lower()}" for c in capabilities)])
-    argv = [
-        SETPRIV,
-        f"--bounding-set={bounding}",
-        "--inh-caps=-all",
-        sys.executable,
-        "-m",
-        "kuberl.cli",
-        "sandbox",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--root",
-        str(base / "sessions"),
-    ]
+    launcher = [SETPRIV, f"--bounding-set={bounding}", "--inh-caps=-all"]
     if user_namespace:
-        argv = [sys.executable, "-c", ENTER_USER_NAMESPACE, POD_ID_MAP, *argv]
-    log = base / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, "KUBERL_SANDBOX_TOKEN": token}, stdout=out, stderr=out)
-    try:
-        wait_until_ready(f"http://127.0.0.1:{port}/readyz", proc, log, timeout=60)
-        headers = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
-            yield client, base / "sessions"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        launcher = [sys.executable, "-c", ENTER_USER_NAMESPACE, POD_ID_MAP, *launcher]
+    with local_sandbox(ready_timeout=60, launcher=launcher) as server:
+        headers = {"Authorization": f"Bearer {server.token}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+            yield client, server.root
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:

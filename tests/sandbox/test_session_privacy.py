@@ -11,7 +11,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kuberl_sandbox.local import SandboxEndpoint, free_port, wait_until_ready
-from kuberl_sandbox.settings import ADVERTISE_ENV, SandboxSettings
+from kuberl_sandbox.local import SandboxEndpoint, local_sandbox
+from kuberl_sandbox.settings import SandboxSettings
 
 TASK = {"taskId": "privacy", "prompt": "p", "files": {"secret.txt": "session-secret\n"}}
 SCRATCH = [d for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") if os.path.isdir(d)]
@@ -189,32 +188,8 @@ def grouped_sandbox() -> Iterator[SandboxEndpoint]:
     """A server whose own process has supplementary groups (adm, sudo): commands must not inherit them."""
     if os.geteuid() != 0:
         pytest.skip("the server is not isolated (not root): sessions run as the server's own user and groups")
-    base = Path(tempfile.mkdtemp(prefix="kuberl-sbx-groups-", dir="/tmp"))
-    os.chmod(base, 0o711)
-    token, port = secrets.token_hex(16), free_port()
-    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
-    argv = [
-        sys.executable,
-        "-m",
-        "kuberl.cli",
-        "sandbox",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--root",
-        str(base / "sessions"),
-    ]
-    log = base / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, extra_groups=[4, 27])
-    try:
-        wait_until_ready(f"http://127.0.0.1:{port}/readyz", proc, log, 30)
-        yield SandboxEndpoint(url=f"http://127.0.0.1:{port}", token=token, root=base / "sessions", pid=proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-        shutil.rmtree(base, ignore_errors=True)
+    with local_sandbox(extra_groups=[4, 27]) as server:
+        yield server
 
 
 def test_commands_have_no_supplementary_groups(grouped_sandbox):
