@@ -144,6 +144,11 @@ class WarmupSpec(ApiModel):
     expert_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of demonstrations that make the correct edit (the rest make a wrong candidate edit);
     0 teaches the tool format only, 1 is plain supervised fine-tuning on expert episodes."""
+    recovery_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Fraction of demonstrations whose edit first fails (a call cut short, or text that is not in the file),
+    shown with the error it gets and followed by the edit made again. The failed call is context, never
+    trained on: the policy learns to recover from an error, not to make it. Without such episodes a policy
+    that slips once at temperature 1 has never seen an error and loops on empty calls."""
     steps: int = Field(200, ge=1, le=1_000_000)
     """Supervised optimizer steps."""
     learning_rate: float = Field(3e-3, gt=0.0, le=1.0)

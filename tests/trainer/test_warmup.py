@@ -15,9 +15,10 @@ from kuberl.api.environment import ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tiny_model
-from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call, parse_tool_call
+from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, ParseError, format_tool_call, parse_tool_call
 from kuberl.suites import load_tasks
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironments
+from kuberl_trainer.demonstrations import Slip
 from kuberl_trainer.warmup import make_demonstrations, scripted_calls, warm_up
 
 
@@ -120,6 +121,43 @@ def test_demonstrations_never_train_on_the_fix_and_mask_exactly_the_calls(sandbo
         assert task.metadata["fix"] in full
         context = tokenizer.decode([t for t, m in zip(demo.token_ids, demo.loss_mask, strict=True) if not m])
         assert SWE_SYSTEM_PROMPT in context and '"name": "replace"' not in context
+
+
+def test_a_recovering_script_slips_on_the_edit_then_makes_it(train_tasks):
+    rng = random.Random(0)
+    slips = []
+    for task in train_tasks[:40]:
+        calls = scripted_calls(task, rng, recover=True)
+        assert isinstance(calls[1], Slip) and [c.name for c in calls[2:]] == ["replace", "run_tests", "submit"]
+        slips.append(parse_tool_call(calls[1].text))
+    cut = [s for s in slips if isinstance(s, ParseError)]
+    assert cut and all("no tool call found" in s.message for s in cut)  # cut before its closing tag
+    wrong_old = [s for s in slips if not isinstance(s, ParseError)]
+    assert wrong_old and all(s.name == "replace" for s in wrong_old)
+
+
+def test_a_slip_is_shown_with_its_error_and_never_trained_on(sandbox, tiny, train_tasks):
+    """The slip and its error are context; the calls after it are the same workflow, trained as usual."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tasks = train_tasks[:4]
+    demos = asyncio.run(
+        make_demonstrations(
+            tasks, 12, sandboxes(sandbox), ChatFormat(tokenizer), seed=1, expert_fraction=1.0, recovery_fraction=1.0
+        )
+    )
+    errors = {"no tool call found": 0, "old text not found": 0}
+    for demo in demos:
+        assert demo.final_done
+        segments = masked_segments(demo.token_ids, demo.loss_mask)
+        calls = [parse_tool_call(tokenizer.decode(s[:-1])) for s in segments]
+        assert [c.name for c in calls] == ["run_tests", "replace", "run_tests", "submit"]
+        context = tokenizer.decode([t for t, m in zip(demo.token_ids, demo.loss_mask, strict=True) if not m])
+        assert "<|assistant|><tool_call>" in context  # the slip, untrained
+        for error in errors:
+            errors[error] += error in context
+    assert all(errors.values()), errors  # both kinds of slip, each with the error the rollout tier would show
+    with pytest.raises(ValueError, match="recoveryFraction"):
+        asyncio.run(make_demonstrations(tasks, 2, sandboxes(sandbox), ChatFormat(tokenizer), recovery_fraction=-0.1))
 
 
 @pytest.mark.slow

@@ -21,9 +21,9 @@ from pathlib import Path
 from kuberl.api.environment import Environments, Task, ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+from kuberl.modeling.tool_calls import CLOSE, OPEN, SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.suites import load_tasks
-from kuberl_trainer.demonstrations import Demonstration, record_demonstration
+from kuberl_trainer.demonstrations import Demonstration, Slip, record_demonstration
 from kuberl_trainer.sft import supervised_fit
 
 
@@ -36,20 +36,36 @@ def wrong_edits(task: Task) -> list[str]:
     return wrong
 
 
-def scripted_calls(task: Task, rng: random.Random, expert: bool = False) -> list[ToolCall]:
-    """One demonstration's calls: the swe-toy workflow with the fix (`expert`) or a random wrong edit."""
+def scripted_calls(
+    task: Task, rng: random.Random, expert: bool = False, recover: bool = False
+) -> list[ToolCall | Slip]:
+    """One demonstration's calls: the swe-toy workflow with the fix (`expert`) or a random wrong edit;
+    with `recover`, a failed attempt at the edit (a `Slip`) comes first."""
     meta = task.metadata
     new = meta["fix"] if expert else rng.choice(wrong_edits(task))
-    edit = {"path": meta["file"], "old": meta["buggy"], "new": new}
+    edit = ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": new})
     # The failing assertion quotes both the expression the line has and the one it should use, so the edit
     # follows the test output directly. Reading the file first (as before) made every episode about 300
     # tokens longer, put the test output that far from the edit, and cost a turn.
-    return [
+    calls: list[ToolCall | Slip] = [
         ToolCall(name="run_tests", arguments={}),  # first, so the failure message is in context for the edit
-        ToolCall(name="replace", arguments=edit),
+        edit,
         ToolCall(name="run_tests", arguments={}),
         ToolCall(name="submit", arguments={}),
     ]
+    if recover:
+        calls.insert(1, slipped_edit(edit, meta["fix"], rng))
+    return calls
+
+
+def slipped_edit(edit: ToolCall, fix: str, rng: random.Random) -> Slip:
+    """The two slips seen most when a warmed-up policy samples its edit at temperature 1: the call cut off
+    before its closing tag (a parse error), or `old` set to the expression the test names, which is not in
+    the file (the sandbox's error)."""
+    if rng.random() < 0.5:
+        text = format_tool_call(edit)
+        return Slip(text[: rng.randrange(len(OPEN) + 1, len(text) - len(CLOSE))])
+    return Slip(format_tool_call(ToolCall(name="replace", arguments={**edit.arguments, "old": fix})))
 
 
 async def make_demonstrations(
@@ -61,14 +77,18 @@ async def make_demonstrations(
     concurrency: int = 8,
     system_prompt: str = SWE_SYSTEM_PROMPT,
     expert_fraction: float = 0.0,
+    recovery_fraction: float = 0.0,
 ) -> list[Demonstration]:
     """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in environments opened by
     `environments()` (called here, in the event loop; demonstrations need no reward); returns them in order.
-    round(count * expert_fraction) of them, spread evenly over the plan, make the correct edit."""
+    round(count * expert_fraction) of them, spread evenly over the plan, make the correct edit; each
+    recovers from a slipped edit with probability `recovery_fraction`, drawn apart from the expert plan."""
     if not tasks:
         raise ValueError("no tasks to demonstrate: check spec.environment.tasks")
     if not 0.0 <= expert_fraction <= 1.0:
         raise ValueError(f"spec.training.warmup.expertFraction must be between 0 and 1, got {expert_fraction}")
+    if not 0.0 <= recovery_fraction <= 1.0:
+        raise ValueError(f"spec.training.warmup.recoveryFraction must be between 0 and 1, got {recovery_fraction}")
     rng = random.Random(seed)
     order = list(tasks)
     rng.shuffle(order)
@@ -77,12 +97,13 @@ async def make_demonstrations(
         task = order[i % len(order)]
         # evenly spread (Bresenham): every stretch of the plan holds the same share of expert episodes
         expert = int((i + 1) * expert_fraction) > int(i * expert_fraction)
-        plan.append((task, scripted_calls(task, rng, expert)))
+        recover = recovery_fraction > 0 and rng.random() < recovery_fraction  # no draw at 0: plans stay as before
+        plan.append((task, scripted_calls(task, rng, expert, recover)))
     opened = environments()
     slots = asyncio.Semaphore(concurrency)
     finished = 0
 
-    async def play(task: Task, calls: list[ToolCall]) -> Demonstration:
+    async def play(task: Task, calls: list[ToolCall | Slip]) -> Demonstration:
         nonlocal finished
         async with slots:
             env = opened.open()
@@ -115,7 +136,8 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
     print(
         f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
-        f"({warmup.expert_fraction:.0%} with the correct edit)",
+        f"({warmup.expert_fraction:.0%} with the correct edit, {warmup.recovery_fraction:.0%} recovering from a "
+        "slipped edit)",
         flush=True,
     )
     demos = asyncio.run(
@@ -126,6 +148,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
             chat,
             seed=job.spec.training.seed,
             expert_fraction=warmup.expert_fraction,
+            recovery_fraction=warmup.recovery_fraction,
         )
     )
     unfinished = sum(not d.final_done for d in demos)
