@@ -130,11 +130,21 @@ class TrainingMode(StrEnum):
     ASYNC = "async"
 
 
+class WrongEdit(StrEnum):
+    """What the warm-up's demonstrations that do not fix the bug write in place of the buggy text."""
+
+    UNCHANGED = "unchanged"
+    """The buggy text itself, copied from the failing test's message: an edit that changes nothing, then
+    submit. The same skill as the fix (copying an expression the test output quotes), aimed at the wrong one."""
+    CANDIDATE = "candidate"
+    """One of the task's plausible wrong fixes, which appears nowhere in the workspace: written from memory."""
+
+
 class WarmupSpec(ApiModel):
     """Optional first stage: supervised fine-tuning on generated demonstrations of the tool format.
 
     Demonstrations play scripted episodes in the sandbox. A fraction of them (`expertFraction`) make the
-    correct edit; the rest make a wrong one drawn from the task's candidate fixes. The warmed-up policy
+    correct edit; the rest make a wrong one (`wrongEdit`). The warmed-up policy
     then already solves some tasks and fails others, so RL starts where sampled groups disagree and has
     to learn which of the behaviours it has seen the reward prefers. Its time counts against
     limits.maxWallClock: the breaker bounds what the whole job spends."""
@@ -142,8 +152,12 @@ class WarmupSpec(ApiModel):
     demonstrations: int = Field(0, ge=0, le=1_000_000)
     """Demonstration episodes to generate; 0 skips the warm-up."""
     expert_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    """Fraction of demonstrations that make the correct edit (the rest make a wrong candidate edit);
+    """Fraction of demonstrations that make the correct edit (the rest make the wrong edit `wrongEdit`);
     0 teaches the tool format only, 1 is plain supervised fine-tuning on expert episodes."""
+    wrong_edit: WrongEdit = WrongEdit.CANDIDATE
+    """The edit of the demonstrations that do not fix the bug. `unchanged` (the buggy text copied back)
+    teaches a small model one skill, copying what the test output quotes, and leaves RL to learn which
+    quoted expression to copy; `candidate` (a wrong fix from memory) makes it learn two."""
     recovery_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of demonstrations whose edit first fails (a call cut short, or text that is not in the file),
     shown with the error it gets and followed by the edit made again. The failed call is context, never
@@ -168,6 +182,10 @@ class TrainingSpec(ApiModel):
     """Optimizer updates per batch (the batch is split into this many parts)."""
     learning_rate: float = Field(1e-6, gt=0.0, le=1.0)
     """AdamW learning rate."""
+    lr_warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    """Steps over which the learning rate rises linearly to learningRate (step n of N trains at n/N of it).
+    A fresh AdamW's first updates move every weight by about the learning rate whatever its gradient; on a
+    small policy one such step at the full rate undid the warm-up (the solve rate fell 0.26 -> 0.02)."""
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6)

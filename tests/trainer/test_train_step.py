@@ -92,3 +92,20 @@ def test_a_non_finite_loss_skips_the_update(model_dir):
     report = train_step(model, optimizer, b, LossConfig(), 1.0, 1)
     assert report.skipped == 1.0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_log_probs_are_of_the_tempered_distribution_the_engine_sampled(model_dir):
+    """At rollout temperature T the engine reports log-probs of softmax(logits / T); the learner scores the
+    same distribution, so the mismatch KL is that of the numerics, not of the temperature."""
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    b = batch(model.config.vocab_size)
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids).logits[:, :-1].float() / 0.7
+        sampled = torch.log_softmax(logits, -1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
+    b.rollout_logprobs = torch.cat([torch.zeros_like(sampled[:, :1]), sampled], dim=1)
+    tempered = train_step(model, optimizer, b, LossConfig(temperature=0.7), 1.0, 1)
+    untempered = train_step(model, optimizer, b, LossConfig(), 1.0, 1)
+    assert tempered.mismatch_kl < 1e-6
+    assert untempered.mismatch_kl > 1e-3
+    assert predict(model, b, 0.7).logprobs[:, 1:].allclose(b.rollout_logprobs[:, 1:], atol=1e-5)

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.api.environment import ToolCall
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import WrongEdit
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, ParseError, format_tool_call, parse_tool_call
@@ -186,3 +187,28 @@ def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
     )
     text = tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True)
     assert isinstance(parse_tool_call(text), ToolCall), text
+
+
+def test_an_unchanged_wrong_edit_copies_the_buggy_text_back(train_tasks):
+    """`wrongEdit: unchanged`: the edit quotes the buggy text as both old and new (the tests still fail, and
+    submitting scores 0); the fix never appears in a trained call."""
+    rng = random.Random(0)
+    for task in train_tasks[:40]:
+        meta = task.metadata
+        calls = scripted_calls(task, rng, wrong=WrongEdit.UNCHANGED)
+        assert [c.name for c in calls] == ["run_tests", "replace", "run_tests", "submit"]
+        assert calls[1].arguments == {"path": meta["file"], "old": meta["buggy"], "new": meta["buggy"]}
+        assert meta["fix"] not in "".join(format_tool_call(c) for c in calls)
+        assert scripted_calls(task, rng, expert=True, wrong=WrongEdit.UNCHANGED)[1].arguments["new"] == meta["fix"]
+
+
+def test_an_unchanged_edit_is_accepted_by_the_sandbox_and_leaves_the_task_unsolved(sandbox, tiny, train_tasks):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tasks = train_tasks[:3]
+    demos = asyncio.run(
+        make_demonstrations(tasks, 3, sandboxes(sandbox), ChatFormat(tokenizer), seed=1, wrong_edit=WrongEdit.UNCHANGED)
+    )
+    for demo in demos:
+        assert demo.final_done
+        context = tokenizer.decode([t for t, m in zip(demo.token_ids, demo.loss_mask, strict=True) if not m])
+        assert "Replaced 1 occurrence(s)" in context  # the edit's own observation: accepted, not refused

@@ -23,7 +23,7 @@ import torch
 
 from kuberl.api.breakers import Progress, Stop, stop_for
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import TrainingMode
+from kuberl.api.spec import TrainingMode, TrainingSpec
 from kuberl.api.status import Phase
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.batching import (
@@ -81,7 +81,16 @@ def loss_config_for(job: RLJob) -> LossConfig:
         aggregation=str(algorithm.loss_aggregation),
         kl_coef=algorithm.kl_coef,
         entropy_coef=algorithm.entropy_coef,
+        # greedy sampling (0) has no distribution to match: its tokens are scored under the untempered policy
+        temperature=job.spec.rollout.temperature or 1.0,
     )
+
+
+def learning_rate_at(step: int, training: TrainingSpec) -> float:
+    """The learning rate of the update that follows `step` completed steps (linear warm-up, then constant)."""
+    if step >= training.lr_warmup_steps:
+        return training.learning_rate
+    return training.learning_rate * (step + 1) / training.lr_warmup_steps
 
 
 def run_learner(
@@ -162,10 +171,12 @@ def run_learner(
         collated = collate(batch.trajectories, pad_id=0)
         if not ppo:
             collated.batch.advantages = group_advantages(collated, spec.algorithm)
+        for group in optimizer.param_groups:  # from the step, not a scheduler's state: a resumed run agrees
+            group["lr"] = learning_rate_at(state.step, spec.training)
         part = shard(collated, rank, world, multiple=mini_batches)
         tokens = part.batch
         if ppo:
-            values = predict(model, tokens.to(device)).values.cpu()
+            values = predict(model, tokens.to(device), loss_config.temperature).values.cpu()
             tokens = with_gae(part, values, spec.algorithm)
         report = train_step(
             model,

@@ -54,15 +54,25 @@ class Forward:
     values: torch.Tensor | None  # [B, T], V(tokens <= t), when the model has a value head
 
 
-def forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, entropy_grad: bool = False) -> Forward:
-    """Token log-probs, entropies and (with a value head) values, aligned with the input tokens."""
+def forward(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    entropy_grad: bool = False,
+    temperature: float = 1.0,
+) -> Forward:
+    """Token log-probs, entropies and (with a value head) values, aligned with the input tokens. Log-probs
+    are of the distribution the rollout engine sampled from: the logits divided by its `temperature`."""
     values_wanted = has_value_head(model)
     if _right_padded(attention_mask):
         # causal attention never lets a token see the padding after it, and without a mask the attention
         # kernel takes its causal fast path (measured: a warm-up step about 20 % faster on CPU)
         attention_mask = None
     out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=values_wanted)
-    log_probs = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
     picked = log_probs.gather(-1, input_ids[:, 1:, None])[..., 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         source = log_probs if entropy_grad else log_probs.detach()
@@ -85,9 +95,9 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 @torch.no_grad()
-def predict(model, batch: TokenBatch) -> Forward:
+def predict(model, batch: TokenBatch, temperature: float = 1.0) -> Forward:
     """A forward pass without gradient (old log-probs, values for GAE, the reference policy)."""
-    return forward(model, batch.input_ids, batch.attention_mask)
+    return forward(model, batch.input_ids, batch.attention_mask, temperature=temperature)
 
 
 STAT_KEYS = ("mismatch_kl", "clip_fraction", "is_weight_mean", "entropy", "kl_ref", "value_loss")
@@ -129,8 +139,9 @@ def train_step(
     over ranks and mini-batches) and the number of skipped updates. Every rank must have the same number
     of rows, at least `mini_batches` (pad with rows whose loss mask is empty). `before_update` runs before
     each optimizer step (a checkpoint still copying the weights waits there, not before the forward)."""
-    old = predict(model, batch).logprobs if mini_batches > 1 else None
-    ref = predict(ref_model, batch).logprobs if ref_model is not None and loss_config.kl_coef else None
+    temperature = loss_config.temperature
+    old = predict(model, batch, temperature).logprobs if mini_batches > 1 else None
+    ref = predict(ref_model, batch, temperature).logprobs if ref_model is not None and loss_config.kl_coef else None
     report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
     total_tokens = 0.0
     norms = []
@@ -178,7 +189,9 @@ def _update(
     local_tokens = float(batch.loss_mask.sum())
     local_values = float(batch.value_mask.sum()) if batch.value_mask is not None else 0.0
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
-    result = forward(model, batch.input_ids, batch.attention_mask, entropy_grad=config.entropy_coef > 0)
+    result = forward(
+        model, batch.input_ids, batch.attention_mask, entropy_grad=config.entropy_coef > 0, temperature=config.temperature
+    )
     logprobs = result.logprobs
     loss, stats = policy_loss(
         logprobs,

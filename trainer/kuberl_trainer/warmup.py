@@ -4,7 +4,8 @@ A tiny model cannot discover the `<tool_call>` syntax by sampling, so RL would s
 warm-up plays scripted episodes against a real sandbox (run the tests, read the module, replace the buggy
 text, run the tests again, submit) and fine-tunes on their calls. A fraction of the demonstrations
 (`spec.training.warmup.expertFraction`) make the correct edit, the expression the failing test names; the
-rest make one of the task's *wrong* candidate edits. RL needs a policy that already succeeds sometimes
+rest make a wrong edit (`wrongEdit`): the buggy expression copied back unchanged, or one of the task's wrong
+candidate fixes written from memory. RL needs a policy that already succeeds sometimes
 (every GRPO group of all-failures has zero advantage); with a mix, the warmed-up policy solves some tasks
 and fails others, and a rise in the held-out solve rate afterwards is RL learning which of the two
 behaviours it has seen the reward prefers.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from kuberl.api.environment import Environments, Task, ToolCall
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import WrongEdit
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import CLOSE, OPEN, SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.suites import load_tasks
@@ -37,12 +39,23 @@ def wrong_edits(task: Task) -> list[str]:
 
 
 def scripted_calls(
-    task: Task, rng: random.Random, expert: bool = False, recover: bool = False
+    task: Task,
+    rng: random.Random,
+    expert: bool = False,
+    recover: bool = False,
+    wrong: WrongEdit = WrongEdit.CANDIDATE,
 ) -> list[ToolCall | Slip]:
-    """One demonstration's calls: the swe-toy workflow with the fix (`expert`) or a random wrong edit;
-    with `recover`, a failed attempt at the edit (a `Slip`) comes first."""
+    """One demonstration's calls: the swe-toy workflow with the fix (`expert`) or the wrong edit `wrong`
+    (the buggy text unchanged, or a random wrong candidate); with `recover`, a failed attempt at the edit
+    (a `Slip`) comes first."""
     meta = task.metadata
-    new = meta["fix"] if expert else rng.choice(wrong_edits(task))
+    if expert:
+        new = meta["fix"]
+    elif wrong == WrongEdit.UNCHANGED:
+        wrong_edits(task)  # the same metadata check: a task without a known bug cannot be demonstrated
+        new = meta["buggy"]
+    else:
+        new = rng.choice(wrong_edits(task))
     edit = ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": new})
     # The failing assertion quotes both the expression the line has and the one it should use, so the edit
     # follows the test output directly. Reading the file first (as before) made every episode about 300
@@ -78,6 +91,7 @@ async def make_demonstrations(
     system_prompt: str = SWE_SYSTEM_PROMPT,
     expert_fraction: float = 0.0,
     recovery_fraction: float = 0.0,
+    wrong_edit: WrongEdit = WrongEdit.CANDIDATE,
 ) -> list[Demonstration]:
     """Play `count` scripted episodes (tasks in a seeded shuffled cycle) in environments opened by
     `environments()` (called here, in the event loop; demonstrations need no reward); returns them in order.
@@ -98,7 +112,7 @@ async def make_demonstrations(
         # evenly spread (Bresenham): every stretch of the plan holds the same share of expert episodes
         expert = int((i + 1) * expert_fraction) > int(i * expert_fraction)
         recover = recovery_fraction > 0 and rng.random() < recovery_fraction  # no draw at 0: plans stay as before
-        plan.append((task, scripted_calls(task, rng, expert, recover)))
+        plan.append((task, scripted_calls(task, rng, expert, recover, wrong_edit)))
     opened = environments()
     slots = asyncio.Semaphore(concurrency)
     finished = 0
@@ -136,8 +150,8 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
     print(
         f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
-        f"({warmup.expert_fraction:.0%} with the correct edit, {warmup.recovery_fraction:.0%} recovering from a "
-        "slipped edit)",
+        f"({warmup.expert_fraction:.0%} with the correct edit, the rest with the wrong edit '{warmup.wrong_edit}'; "
+        f"{warmup.recovery_fraction:.0%} recovering from a slipped edit)",
         flush=True,
     )
     demos = asyncio.run(
@@ -149,6 +163,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
             seed=job.spec.training.seed,
             expert_fraction=warmup.expert_fraction,
             recovery_fraction=warmup.recovery_fraction,
+            wrong_edit=warmup.wrong_edit,
         )
     )
     unfinished = sum(not d.final_done for d in demos)

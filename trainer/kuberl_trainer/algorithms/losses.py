@@ -23,6 +23,9 @@ class LossConfig:
     aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    temperature: float = 1.0
+    """The rollout engine's sampling temperature: the learner's log-probs are of the same tempered distribution,
+    or every token's importance weight would carry the gap between the two (spec.rollout.temperature)."""
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: LossAggregation | str) -> torch.Tensor:
