@@ -21,5 +21,5 @@ def test_without_a_warm_up_every_step_trains_at_the_learning_rate():
 
 
 def test_a_negative_warm_up_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="lrWarmupSteps|lr_warmup_steps"):
+    with pytest.raises(ValueError, match=r"lrWarmupSteps|lr_warmup_steps"):
         TrainingSpec.model_validate({"learningRate": 1e-3, "lrWarmupSteps": -1})

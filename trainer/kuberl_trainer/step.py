@@ -190,7 +190,11 @@ def _update(
     local_values = float(batch.value_mask.sum()) if batch.value_mask is not None else 0.0
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
     result = forward(
-        model, batch.input_ids, batch.attention_mask, entropy_grad=config.entropy_coef > 0, temperature=config.temperature
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        entropy_grad=config.entropy_coef > 0,
+        temperature=config.temperature,
     )
     logprobs = result.logprobs
     loss, stats = policy_loss(
