@@ -202,7 +202,7 @@ def test_an_unchanged_wrong_edit_copies_the_buggy_text_back(train_tasks):
         assert scripted_calls(task, rng, expert=True, wrong=WrongEdit.UNCHANGED)[1].arguments["new"] == meta["fix"]
 
 
-def test_an_unchanged_edit_is_accepted_by_the_sandbox_and_leaves_the_task_unsolved(sandbox, tiny, train_tasks):
+def test_an_unchanged_edit_is_accepted_by_the_sandbox(sandbox, tiny, train_tasks):
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tasks = train_tasks[:3]
     demos = asyncio.run(
