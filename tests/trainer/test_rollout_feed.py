@@ -104,6 +104,7 @@ def feed(
     has_signal=None,
     on_drop=None,
     on_tampered=None,
+    oversampling: float = 1.0,
 ):
     return RolloutFeed(
         queue,
@@ -117,6 +118,7 @@ def feed(
         has_signal=has_signal,
         on_drop=on_drop,
         on_tampered=on_tampered,
+        oversampling=oversampling,
     )
 
 
@@ -338,6 +340,63 @@ def test_a_group_left_with_one_usable_member_after_its_reruns_has_no_signal():
     assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t0", "t1", "t0", "t1", "t2", "t3"]
     assert batch.groups_dropped == 2 and batch.failed == 0  # one member is no baseline: both dropped
     assert sorted({t.task_id for t in batch.trajectories}) == ["t2", "t3"]
+
+
+# ------------------------------------------------------------------------------------ oversampling
+def test_sync_oversampling_replaces_dropped_groups_from_the_same_wave():
+    queue = WorkQueue()
+    queue.uniform = {"t1"}
+    f = feed(queue, asynchronous=False, has_signal=differ, oversampling=2.0)
+    waves = []
+
+    def servers() -> bool:
+        waves.append(len(queue.open))
+        queue.finish(version=0)
+        return False
+
+    batch = f.next_batch(version=0, stop=servers, poll=0)
+    assert waves == [4]  # one wave of 2 x 2 groups: t1's drop needed no second one
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t2", "t3"]
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t0", "t2"]  # the first two with signal
+    assert batch.groups_dropped == 1 and batch.groups_surplus == 1  # t3 had signal, but the batch was full
+    assert batch.uniform_group_fraction == 0.25 and batch.drawn_solve_rate == 3 / 8  # t3's episodes were drawn
+    assert not queue.open and not f.ready  # the surplus is not trained a step later, off-policy
+
+
+def test_sync_oversampling_trains_in_submission_order_not_finish_order():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=False, oversampling=2.0)
+
+    def servers_finish_the_last_groups_first() -> bool:
+        queue.open.reverse()
+        queue.finish(version=0, count=1)
+        return False
+
+    batch = f.next_batch(version=0, stop=servers_finish_the_last_groups_first, poll=0)
+    assert [t.task_id for t in batch.trajectories] == ["t0", "t0", "t1", "t1"] and batch.groups_surplus == 2
+
+
+def test_sync_oversampling_draws_replacements_only_when_the_wave_cannot_fill_the_batch():
+    queue = WorkQueue()
+    queue.uniform = {"t0", "t1", "t2"}
+    f = feed(queue, asynchronous=False, has_signal=differ, oversampling=2.0)
+    batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, count=1) or False, poll=0)
+    # t0 and t1 dropped while t2 and t3 ran: still enough. t2 dropped: one replacement (t4)
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t2", "t3", "t4"]
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t3", "t4"] and batch.groups_dropped == 3
+    assert batch.groups_surplus == 0
+
+
+def test_async_oversampling_keeps_more_groups_in_flight():
+    queue = WorkQueue()
+    f = feed(queue, asynchronous=True, max_staleness=1, oversampling=1.5)
+    f.next_batch(version=0, stop=lambda: queue.finish(version=0, count=2) or False, poll=0)
+    assert len(queue.submitted) == 6 + 2 and len(queue.open) == 6  # ceil(2 batches x 2 groups x 1.5), refilled
+
+
+def test_oversampling_below_one_is_refused():
+    with pytest.raises(ValueError, match="oversampling must be at least 1"):
+        feed(WorkQueue(), asynchronous=False, oversampling=0.5)
 
 
 # ------------------------------------------------------------------------------------ tampering

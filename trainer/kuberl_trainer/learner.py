@@ -276,6 +276,7 @@ def _driver(
         has_signal=signal_of,
         on_drop=metrics.groups_dropped.inc,
         on_tampered=metrics.tampered.inc,
+        oversampling=spec.training.oversampling,
     )
     if metrics_port is not None:
         metrics.serve(metrics_port)
@@ -324,6 +325,7 @@ def _step_line(
         "stale_dropped": batch.stale_dropped,
         "resubmitted": batch.resubmitted,
         "groups_dropped": batch.groups_dropped,
+        "groups_surplus": batch.groups_surplus,
         "uniform_group_fraction": round(batch.uniform_group_fraction, 4),
         "tampered": batch.tampered,
         "staleness_mean": sum(batch.staleness) / max(len(batch.staleness), 1),
@@ -382,6 +384,7 @@ def _record(
     m.trajectories.labels("failed").inc(batch.failed)
     m.trajectories.labels("stale").inc(batch.stale_dropped)
     m.resubmitted.inc(batch.resubmitted)
+    m.groups_surplus.inc(batch.groups_surplus)
     m.uniform_group_ratio.set(line["uniform_group_fraction"])
     for phase, key in zip(PHASES, ("wait_s", "train_s", "weight_sync_s", "checkpoint_s"), strict=True):
         m.phase_seconds.labels(phase).observe(line[key])

@@ -55,6 +55,11 @@ class LearnerMetrics:
             "Task groups dropped by dynamic sampling: every trajectory had the same reward.",
             registry=r,
         )
+        self.groups_surplus = Counter(
+            "kuberl_learner_groups_surplus_total",
+            "Task groups generated beyond a sync batch (training.oversampling) and left out.",
+            registry=r,
+        )
         self.tampered = Counter(
             "kuberl_learner_tampered_trajectories_total",
             "Trajectories whose sandbox judged a test report forged (scored 0).",

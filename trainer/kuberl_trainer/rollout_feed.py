@@ -12,6 +12,14 @@ baseline nothing; it is dropped, counted, and the next task is submitted in its 
 holds `groups_per_step` groups, all with signal. `batches_without_signal` counts the batch-sized runs of
 such groups in a row (the NoLearningSignal breaker's input).
 
+Oversampling (`oversampling` > 1, DAPO's generation batch larger than its training batch): that many times
+`groups_per_step` groups are generated at once, so the groups dynamic sampling drops are replaced from the
+same wave instead of by a second one (a wave costs an episode's latency; on a CPU engine twice the groups
+took 6 s where one batch took 5). Sync mode waits for the whole wave and trains the first
+`groups_per_step` groups with signal in submission order (never the ones that happened to finish first,
+which would favour short episodes); the rest are surplus, counted and left out: trained a step later they
+would be off-policy. A replacement is drawn only when the groups still running cannot fill the batch.
+
 Tampering (issue 17): a trajectory whose sandbox judged a test report forged carries the reason
 (`Trajectory.tampering`, scored 0). Every finished group's such members are counted as the group finishes,
 whether it is then trained, dropped for no signal or too stale, so a policy that learns to forge shows up
@@ -24,6 +32,7 @@ to `MAX_RERUNS` times, before it is trained without the failed members.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,18 +64,21 @@ class Batch:
     dropped_episodes: int = 0  # usable trajectories of those groups
     dropped_solved: int = 0  # of which solved (final reward >= 1): a group of all successes is dropped too
     tampered: int = 0  # trajectories with a tampering reason, of the groups finished since the previous batch
+    groups_surplus: int = 0  # sync oversampling: groups with signal generated for this batch beyond its size
+    surplus_episodes: int = 0  # usable trajectories of those groups
+    surplus_solved: int = 0  # of which solved
 
     @property
     def drawn_solve_rate(self) -> float:
         """The solve rate of every usable episode finished for this batch, trained or dropped: how well the
         policy does. The trained part alone leaves out the groups it always solves (or never does)."""
-        solved = sum(t.final_reward >= 1.0 for t in self.trajectories) + self.dropped_solved
-        return solved / max(len(self.trajectories) + self.dropped_episodes, 1)
+        solved = sum(t.final_reward >= 1.0 for t in self.trajectories) + self.dropped_solved + self.surplus_solved
+        return solved / max(len(self.trajectories) + self.dropped_episodes + self.surplus_episodes, 1)
 
     @property
     def uniform_group_fraction(self) -> float:
-        """Of the groups drawn for this batch (dropped and kept), the fraction dropped for equal rewards."""
-        kept = len({t.group_id for t in self.trajectories})
+        """Of the groups drawn for this batch (dropped, kept and surplus), the fraction dropped for equal rewards."""
+        kept = len({t.group_id for t in self.trajectories}) + self.groups_surplus
         return self.groups_dropped / max(self.groups_dropped + kept, 1)
 
 
@@ -95,9 +107,13 @@ class RolloutFeed:
         has_signal: Callable[[list[Trajectory]], bool] | None = None,
         on_drop: Callable[[], None] | None = None,
         on_tampered: Callable[[int], None] | None = None,
+        oversampling: float = 1.0,
     ) -> None:
         if not task_ids:
             raise ValueError("no tasks to train on: check spec.environment.tasks")
+        if oversampling < 1.0:
+            raise ValueError(f"oversampling must be at least 1, got {oversampling}")
+        self.oversampling = oversampling
         self.client, self.task_ids, self.group_size = client, task_ids, group_size
         self.groups_per_step, self.asynchronous = groups_per_step, asynchronous
         self.max_staleness = max_staleness if asynchronous else 0
@@ -120,6 +136,9 @@ class RolloutFeed:
         self._resubmitted = 0
         self._reruns: dict[tuple[str, int], int] = {}
         self._unplaced: list[tuple[str, int]] = []  # groups to submit once a server answers
+        self._order: dict[str, int] = {}  # group id -> submission index (sync mode trains in this order)
+        self._submitted = 0
+        self._surplus = self._surplus_episodes = self._surplus_solved = 0
         for task_id, group_seed in state.in_flight:
             self._submit(task_id, group_seed)
 
@@ -128,7 +147,7 @@ class RolloutFeed:
         started = time.monotonic()
         self.ready = [g for g in self.ready if self._admit(g, version)]
         self._refill()
-        while len(self.ready) < self.groups_per_step:
+        while len(self.ready) < self.groups_per_step or self._wave_running():
             if stop():
                 return None
             collected = self.client.collect(wait=poll)
@@ -140,7 +159,12 @@ class RolloutFeed:
             for trajectory in collected.trajectories:
                 self._receive(trajectory, version)
             self._refill()
+        if not self.asynchronous:
+            self.ready.sort(key=lambda g: self._order.get(g[0].group_id, -1))
         groups, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
+        if not self.asynchronous:
+            self._leave_out_surplus()
+        self._order = {g: i for g, i in self._order.items() if g in self.in_flight}
         usable = [t for g in groups for t in g if t.error is None]
         failed = sum(len(g) for g in groups) - len(usable)
         batch = Batch(
@@ -154,9 +178,13 @@ class RolloutFeed:
             self._dropped_episodes,
             self._dropped_solved,
             self._tampered,
+            self._surplus,
+            self._surplus_episodes,
+            self._surplus_solved,
         )
         self._stale_dropped = self._resubmitted = self._groups_dropped = 0
         self._dropped_episodes = self._dropped_solved = self._tampered = 0
+        self._surplus = self._surplus_episodes = self._surplus_solved = 0
         if self.asynchronous:
             self._refill()  # the next batch is generated while this one trains
         return batch
@@ -175,7 +203,21 @@ class RolloutFeed:
     # ------------------------------------------------------------------------------------ inside
     def _target_in_flight(self) -> int:
         batches = 1 + self.max_staleness if self.asynchronous else 1
-        return batches * self.groups_per_step
+        return math.ceil(batches * self.groups_per_step * self.oversampling)
+
+    def _wave_running(self) -> bool:
+        """Sync mode with oversampling: groups of this batch's wave still run (or wait for a server). The
+        batch is cut when the whole wave is in, so which groups are trained does not depend on finish order."""
+        return not self.asynchronous and self.oversampling > 1.0 and bool(self.in_flight or self._unplaced)
+
+    def _leave_out_surplus(self) -> None:
+        """Sync mode: the wave's groups beyond the batch, counted (they were drawn) and never trained."""
+        for group in self.ready:
+            usable = [t for t in group if t.error is None]
+            self._surplus += 1
+            self._surplus_episodes += len(usable)
+            self._surplus_solved += sum(t.final_reward >= 1.0 for t in usable)
+        self.ready = []
 
     def _refill(self) -> None:
         while self._unplaced and self._place(*self._unplaced[0]):
@@ -205,6 +247,8 @@ class RolloutFeed:
             return False
         self.in_flight[group.group_id] = group
         self.received[group.group_id] = []
+        self._order[group.group_id] = self._submitted
+        self._submitted += 1
         return True
 
     def _resubmit_from(self, server: int) -> None:
@@ -264,9 +308,14 @@ class RolloutFeed:
         self._dropped_solved += sum(t.final_reward >= 1.0 for t in usable)
         if self.on_drop is not None:
             self.on_drop()
-        self._submit(*self._next_task())
-        self.cursor += 1
+        if self.asynchronous or self._outstanding() < self.groups_per_step:
+            self._submit(*self._next_task())
+            self.cursor += 1
         return True
+
+    def _outstanding(self) -> int:
+        """Groups ready or on their way (running, or waiting for a server)."""
+        return len(self.ready) + len(self.in_flight) + len(self._unplaced)
 
     def _admit(self, group: list[Trajectory], version: int, resubmit: tuple[str, int] | None = None) -> bool:
         if admissible(group, version, self.max_staleness):
