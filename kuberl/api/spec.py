@@ -179,11 +179,12 @@ class TrainingSpec(ApiModel):
     trajectories_per_step: int = Field(64, ge=1, le=1_000_000)
     """Trajectories in one training batch; a multiple of algorithm.groupSize."""
     oversampling: float = Field(1.0, ge=1.0, le=8.0)
-    """Groups generated for a batch, as a multiple of the batch's trajectoriesPerStep / groupSize (DAPO's
+    """The most groups generated at once for a batch, as a multiple of trajectoriesPerStep / groupSize (DAPO's
     generation batch). With algorithm.dynamicSampling the groups without signal are then replaced from the same
-    wave instead of a second one, which costs a whole episode's latency. sync: the batch is the first groups with
-    signal in submission order, the rest are left out (groups_surplus in metrics.jsonl); async: this many
-    more groups are kept in flight. 1 generates exactly a batch."""
+    wave instead of a second one, which costs a whole episode's latency. sync: each wave is sized from the share
+    of groups without signal so far (a quarter more than it predicts, at most this multiple); the batch is the
+    first groups with signal in submission order, the rest are left out (groups_surplus in metrics.jsonl).
+    async: this multiple of the batches is kept in flight. 1 generates exactly a batch."""
     mini_batches: int = Field(1, ge=1, le=1024)
     """Optimizer updates per batch (the batch is split into this many parts)."""
     learning_rate: float = Field(1e-6, gt=0.0, le=1.0)

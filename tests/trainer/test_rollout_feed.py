@@ -355,15 +355,16 @@ def test_sync_oversampling_replaces_dropped_groups_from_the_same_wave():
         return False
 
     batch = f.next_batch(version=0, stop=servers, poll=0)
-    assert waves == [4]  # one wave of 2 x 2 groups: t1's drop needed no second one
-    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t2", "t3"]
-    assert sorted({t.task_id for t in batch.trajectories}) == ["t0", "t2"]  # the first two with signal
-    assert batch.groups_dropped == 1 and batch.groups_surplus == 1  # t3 had signal, but the batch was full
-    assert batch.uniform_group_fraction == 0.25 and batch.drawn_solve_rate == 3 / 8  # t3's episodes were drawn
-    assert not queue.open and not f.ready  # the surplus is not trained a step later, off-policy
+    assert waves == [3]  # a first wave of ceil(2 x 1.25) groups: t1's drop needed no second one
+    assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t2"]
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t0", "t2"]
+    assert (
+        batch.groups_dropped == 1 and batch.groups_surplus == 0 and batch.uniform_group_fraction == pytest.approx(1 / 3)
+    )
+    assert batch.drawn_solve_rate == 2 / 6 and not queue.open
 
 
-def test_sync_oversampling_trains_in_submission_order_not_finish_order():
+def test_sync_oversampling_trains_in_submission_order_and_leaves_out_the_surplus():
     queue = WorkQueue()
     f = feed(queue, asynchronous=False, oversampling=2.0)
 
@@ -373,18 +374,34 @@ def test_sync_oversampling_trains_in_submission_order_not_finish_order():
         return False
 
     batch = f.next_batch(version=0, stop=servers_finish_the_last_groups_first, poll=0)
-    assert [t.task_id for t in batch.trajectories] == ["t0", "t0", "t1", "t1"] and batch.groups_surplus == 2
+    assert [t.task_id for t in batch.trajectories] == ["t0", "t0", "t1", "t1"]  # not t2, which finished first
+    assert batch.groups_surplus == 1 and batch.drawn_solve_rate == 3 / 6  # t2's episodes were drawn
+    assert not queue.open and not f.ready  # the surplus is not trained a step later, off-policy
 
 
 def test_sync_oversampling_draws_replacements_only_when_the_wave_cannot_fill_the_batch():
     queue = WorkQueue()
     queue.uniform = {"t0", "t1", "t2"}
-    f = feed(queue, asynchronous=False, has_signal=differ, oversampling=2.0)
+    f = feed(queue, asynchronous=False, has_signal=differ, oversampling=3.0)
     batch = f.next_batch(version=0, stop=lambda: queue.finish(version=0, count=1) or False, poll=0)
-    # t0 and t1 dropped while t2 and t3 ran: still enough. t2 dropped: one replacement (t4)
+    # t0 dropped while t1 and t2 ran: still enough. t1 dropped: one replacement (t3); t2 dropped: t4
     assert [g.task_id for g in queue.submitted] == ["t0", "t1", "t2", "t3", "t4"]
     assert sorted({t.task_id for t in batch.trajectories}) == ["t3", "t4"] and batch.groups_dropped == 3
-    assert batch.groups_surplus == 0
+
+
+def test_sync_waves_grow_with_the_share_of_groups_without_signal_up_to_the_oversampling():
+    queue = WorkQueue()
+    queue.uniform = {"t0", "t1", "t2"}
+    f = feed(queue, asynchronous=False, has_signal=differ, oversampling=3.0)
+    f.next_batch(version=0, stop=lambda: queue.finish(version=0) or False, poll=0)
+    assert f.uniform_estimate == pytest.approx(0.5 * 3 / 5)  # 3 of 5 groups drawn had no signal
+    drawn = len(queue.submitted)
+    f.next_batch(version=1, stop=lambda: queue.finish(version=1) or False, poll=0)
+    assert len(queue.submitted) - drawn == 4  # ceil(2 x 1.25 / 0.7)
+    f.uniform_estimate = 0.95
+    drawn = len(queue.submitted)
+    f.next_batch(version=2, stop=lambda: queue.finish(version=2) or False, poll=0)
+    assert len(queue.submitted) - drawn == 6  # at most oversampling x the batch
 
 
 def test_async_oversampling_keeps_more_groups_in_flight():

@@ -14,7 +14,7 @@ from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.export import served_tensors
 from kuberl_trainer.policy import load_policy
-from kuberl_trainer.step import TokenBatch, predict, train_step
+from kuberl_trainer.step import TokenBatch, first_scored, forward, predict, train_step
 from kuberl_trainer.value_head import has_value_head
 
 NO_AC = FsdpSpec(activation_checkpointing=False)
@@ -109,3 +109,26 @@ def test_log_probs_are_of_the_tempered_distribution_the_engine_sampled(model_dir
     assert tempered.mismatch_kl < 1e-6
     assert untempered.mismatch_kl > 1e-3
     assert predict(model, b, 0.7).logprobs[:, 1:].allclose(b.rollout_logprobs[:, 1:], atol=1e-5)
+
+
+def test_log_probs_start_where_the_loss_first_reads_and_match_a_full_forward(model_dir):
+    """The logits of the prompt nobody trains on are never computed; from the first scored token on the
+    log-probs and entropies are those of a full forward, and a step computes the same loss and gradient."""
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    b = batch(model.config.vocab_size)
+    b.loss_mask[0, 10:12] = False  # rows start at different positions: the earliest one counts
+    assert first_scored(b.loss_mask) == 10 and first_scored(torch.zeros_like(b.loss_mask)) == 1
+    full, cut = predict(model, b), predict(model, b, from_position=10)
+    assert cut.logprobs.shape == full.logprobs.shape == b.input_ids.shape
+    assert (cut.logprobs[:, :10] == 0).all() and (cut.entropy[:, :10] == 0).all()
+    assert cut.logprobs[:, 10:].allclose(full.logprobs[:, 10:], atol=1e-6)
+    assert cut.entropy[:, 10:].allclose(full.entropy[:, 10:], atol=1e-6)
+    assert predict(model, b, from_position=999).logprobs.abs().sum() == 0  # past the end: nothing scored
+
+    grads = []
+    for start in (1, 10):
+        m = copy.deepcopy(model)
+        out = forward(m, b.input_ids, b.attention_mask, from_position=start)
+        (out.logprobs * b.loss_mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    assert grads[1].allclose(grads[0], atol=1e-6)

@@ -12,13 +12,15 @@ baseline nothing; it is dropped, counted, and the next task is submitted in its 
 holds `groups_per_step` groups, all with signal. `batches_without_signal` counts the batch-sized runs of
 such groups in a row (the NoLearningSignal breaker's input).
 
-Oversampling (`oversampling` > 1, DAPO's generation batch larger than its training batch): that many times
-`groups_per_step` groups are generated at once, so the groups dynamic sampling drops are replaced from the
-same wave instead of by a second one (a wave costs an episode's latency; on a CPU engine twice the groups
-took 6 s where one batch took 5). Sync mode waits for the whole wave and trains the first
-`groups_per_step` groups with signal in submission order (never the ones that happened to finish first,
-which would favour short episodes); the rest are surplus, counted and left out: trained a step later they
-would be off-policy. A replacement is drawn only when the groups still running cannot fill the batch.
+Oversampling (`oversampling` > 1, DAPO's generation batch larger than its training batch): more groups than
+a batch are generated at once, so the groups dynamic sampling drops are replaced from the same wave instead
+of by a second one (a wave costs an episode's latency; on a CPU engine 8 groups took 6 s where 4 took 5).
+Sync mode sizes each wave from the fraction of groups without signal seen so far (`WAVE_MARGIN` more than
+that fraction predicts, at most `oversampling` times the batch), waits for the whole wave and trains the
+first `groups_per_step` groups with signal in submission order (never the ones that happened to finish
+first, which would favour short episodes); the rest are surplus, counted and left out: trained a step later
+they would be off-policy. A replacement is drawn only when the groups still running cannot fill the batch.
+Async mode keeps `oversampling` times its batches in flight.
 
 Tampering (issue 17): a trajectory whose sandbox judged a test report forged carries the reason
 (`Trajectory.tampering`, scored 0). Every finished group's such members are counted as the group finishes,
@@ -41,6 +43,9 @@ from kuberl.api.trajectory import Trajectory
 from kuberl_trainer.rollout_client import NoRolloutServer, RolloutClient, SubmittedGroup
 
 MAX_RERUNS = 2
+# Sync oversampling: a wave holds this much more than the batch divided by the expected share of groups with
+# signal, so that a batch usually fills from one wave when the share fluctuates from batch to batch.
+WAVE_MARGIN = 1.25
 
 
 def staleness(trajectory: Trajectory, learner_version: int) -> int:
@@ -114,6 +119,7 @@ class RolloutFeed:
         if oversampling < 1.0:
             raise ValueError(f"oversampling must be at least 1, got {oversampling}")
         self.oversampling = oversampling
+        self.uniform_estimate = 0.0  # sync oversampling: moving average of the share of groups without signal
         self.client, self.task_ids, self.group_size = client, task_ids, group_size
         self.groups_per_step, self.asynchronous = groups_per_step, asynchronous
         self.max_staleness = max_staleness if asynchronous else 0
@@ -164,6 +170,8 @@ class RolloutFeed:
         groups, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
         if not self.asynchronous:
             self._leave_out_surplus()
+            drawn = self._groups_dropped + len(groups) + self._surplus
+            self.uniform_estimate = 0.5 * self.uniform_estimate + 0.5 * self._groups_dropped / max(drawn, 1)
         self._order = {g: i for g, i in self._order.items() if g in self.in_flight}
         usable = [t for g in groups for t in g if t.error is None]
         failed = sum(len(g) for g in groups) - len(usable)
@@ -202,8 +210,10 @@ class RolloutFeed:
 
     # ------------------------------------------------------------------------------------ inside
     def _target_in_flight(self) -> int:
-        batches = 1 + self.max_staleness if self.asynchronous else 1
-        return math.ceil(batches * self.groups_per_step * self.oversampling)
+        if self.asynchronous:
+            return math.ceil((1 + self.max_staleness) * self.groups_per_step * self.oversampling)
+        expected = WAVE_MARGIN / max(1.0 - self.uniform_estimate, 1e-6)
+        return math.ceil(self.groups_per_step * min(self.oversampling, max(expected, 1.0)))
 
     def _wave_running(self) -> bool:
         """Sync mode with oversampling: groups of this batch's wave still run (or wait for a server). The

@@ -60,28 +60,45 @@ def forward(
     attention_mask: torch.Tensor,
     entropy_grad: bool = False,
     temperature: float = 1.0,
+    from_position: int = 1,
 ) -> Forward:
     """Token log-probs, entropies and (with a value head) values, aligned with the input tokens. Log-probs
-    are of the distribution the rollout engine sampled from: the logits divided by its `temperature`."""
+    are of the distribution the rollout engine sampled from: the logits divided by its `temperature`.
+
+    Log-probs and entropies are computed for tokens `from_position` onwards and are 0 before: the [B, T, V]
+    logits are the largest tensor of a step, and an agent's first prompt (the task, the tools), which no
+    loss reads, is most of T (`first_scored`)."""
     values_wanted = has_value_head(model)
     if _right_padded(attention_mask):
         # causal attention never lets a token see the padding after it, and without a mask the attention
         # kernel takes its causal fast path (measured: a warm-up step about 20 % faster on CPU)
         attention_mask = None
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=values_wanted)
+    width = input_ids.shape[1]
+    from_position = min(max(from_position, 1), width)
+    # logits of positions from_position - 1 .. T - 1; the last predicts no input token
+    kept = width - from_position + 1
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=values_wanted, logits_to_keep=kept
+    )
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
-    picked = log_probs.gather(-1, input_ids[:, 1:, None])[..., 0]
+    picked = log_probs.gather(-1, input_ids[:, from_position:, None])[..., 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         source = log_probs if entropy_grad else log_probs.detach()
         entropy = -(source.exp() * source).sum(-1)
-    zero = torch.zeros_like(picked[:, :1])
+    before = picked.new_zeros((picked.shape[0], from_position))
     values = None
     if values_wanted:
         values = getattr(model, VALUE_HEAD)(out.hidden_states[-1]).squeeze(-1).float()
-    return Forward(torch.cat([zero, picked], dim=1), torch.cat([zero, entropy], dim=1), values)
+    return Forward(torch.cat([before, picked], dim=1), torch.cat([before, entropy], dim=1), values)
+
+
+def first_scored(loss_mask: torch.Tensor) -> int:
+    """The first position any row's loss reads (1 when none does): where `forward` has to start."""
+    columns = loss_mask.any(dim=0).nonzero()
+    return max(int(columns[0]), 1) if len(columns) else 1
 
 
 def _right_padded(attention_mask: torch.Tensor) -> bool:
@@ -95,9 +112,9 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 @torch.no_grad()
-def predict(model, batch: TokenBatch, temperature: float = 1.0) -> Forward:
+def predict(model, batch: TokenBatch, temperature: float = 1.0, from_position: int = 1) -> Forward:
     """A forward pass without gradient (old log-probs, values for GAE, the reference policy)."""
-    return forward(model, batch.input_ids, batch.attention_mask, temperature=temperature)
+    return forward(model, batch.input_ids, batch.attention_mask, temperature=temperature, from_position=from_position)
 
 
 STAT_KEYS = ("mismatch_kl", "clip_fraction", "is_weight_mean", "entropy", "kl_ref", "value_loss")
@@ -139,9 +156,11 @@ def train_step(
     over ranks and mini-batches) and the number of skipped updates. Every rank must have the same number
     of rows, at least `mini_batches` (pad with rows whose loss mask is empty). `before_update` runs before
     each optimizer step (a checkpoint still copying the weights waits there, not before the forward)."""
-    temperature = loss_config.temperature
-    old = predict(model, batch, temperature).logprobs if mini_batches > 1 else None
-    ref = predict(ref_model, batch, temperature).logprobs if ref_model is not None and loss_config.kl_coef else None
+    temperature, start = loss_config.temperature, first_scored(batch.loss_mask)
+    old = predict(model, batch, temperature, start).logprobs if mini_batches > 1 else None
+    ref = None
+    if ref_model is not None and loss_config.kl_coef:
+        ref = predict(ref_model, batch, temperature, start).logprobs
     report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
     total_tokens = 0.0
     norms = []
@@ -159,6 +178,7 @@ def train_step(
             ref_part,
             value_coef,
             before_update,
+            start,
         )
         tokens = result.pop("tokens")
         total_tokens += tokens
@@ -185,7 +205,9 @@ def _update(
     ref_logprobs: torch.Tensor | None,
     value_coef: float,
     before_update: Callable[[], None] | None,
+    from_position: int,
 ) -> dict[str, float]:
+    # every forward of a step starts at the same position: old, reference and new log-probs share their zeros
     local_tokens = float(batch.loss_mask.sum())
     local_values = float(batch.value_mask.sum()) if batch.value_mask is not None else 0.0
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
@@ -195,6 +217,7 @@ def _update(
         batch.attention_mask,
         entropy_grad=config.entropy_coef > 0,
         temperature=config.temperature,
+        from_position=from_position,
     )
     logprobs = result.logprobs
     loss, stats = policy_loss(
