@@ -112,17 +112,27 @@ def operator_command(
     namespaces: tuple[str, ...], liveness: str | None, metrics_port: int | None, verbose: bool
 ) -> None:
     """Run the RLJob operator (kopf, one replica: no peering): applies each job's children, drives its
-    state machine and enforces its circuit breakers. Credentials: in-cluster, else the kubeconfig."""
+    state machine and enforces its circuit breakers. Credentials: in-cluster, else the kubeconfig.
+    Configuration: the KUBERL_OPERATOR_* variables the chart sets, then these flags."""
+    import dataclasses
     import os
 
-    if metrics_port:
-        os.environ[env_vars.OPERATOR_METRICS_PORT] = str(metrics_port)  # read when the handlers are imported
     import kopf
 
-    import kuberl_operator.handlers  # noqa: F401  (registers the handlers)
+    from kuberl_operator.config import OperatorConfig
+    from kuberl_operator.handlers import register
 
+    config = OperatorConfig.from_env(os.environ)
+    if metrics_port:
+        config = dataclasses.replace(config, metrics_port=metrics_port)
     kopf.configure(verbose=verbose)
-    kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces, liveness_endpoint=liveness)
+    kopf.run(
+        registry=register(config),
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+    )
 
 
 @main.command()

@@ -1,15 +1,18 @@
-"""A small Kubernetes REST client for the handlers: get, list, create, merge-patch, delete any object.
+"""A small Kubernetes REST client for the handlers: get, list, create, server-side apply, merge-patch and
+delete any object.
 
 Built on the `kubernetes` package's ApiClient, so credentials come from the in-cluster service account
-or the kubeconfig exactly as kopf finds them. Only JSON merge patch is used: it works on every API server
-(and on test emulators without server-side apply or strategic merge), and the operator owns every field
-of its children, so replacing lists whole is what it wants.
+or the kubeconfig exactly as kopf finds them. Objects a controller owns are written with server-side apply
+under its field manager (`apply`): the API server then keeps track of which manager owns which field, so
+fields another controller manages (an HPA's replicas, Kueue's) are left to it. JSON merge patch (`patch`)
+is for single fields written by a writer that does not own the object (the status, a replica count).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -106,7 +109,16 @@ class Kube:
                 return None
             raise
 
+    def apply(self, obj: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
+        """Server-side apply: create `obj` if missing, else make the fields it holds what it says and own
+        them as `field_manager`. With `force`, fields another manager owns are taken over instead of
+        answering 409, so leave out of `obj` whatever another manager should keep."""
+        query = {"fieldManager": field_manager, **({"force": "true"} if force else {})}
+        # a JSON body is valid YAML: the apply content type accepts either
+        return self._call("PATCH", f"{object_path(obj)}?{urlencode(query)}", obj, "application/apply-patch+yaml")
+
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch: the fields in `body` are written, None removes one, lists are replaced whole."""
         return self._call("PATCH", path, body, "application/merge-patch+json")
 
     def delete(self, path: str) -> bool:

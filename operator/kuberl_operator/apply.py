@@ -1,27 +1,32 @@
-"""Apply the desired children idempotently: create what is missing, merge-patch what differs, touch
-nothing that already matches (a restarted operator re-applies everything without a single write)."""
+"""Apply the desired children idempotently with server-side apply under one field manager: what is missing
+is created, what differs is applied, what already matches is not written (a restarted operator re-applies
+everything without a single write). Fields that another controller manages are left out of what is applied,
+so the API server leaves them to it: the sandbox Deployment's replicas once an autoscaler moves them, and
+Kueue's Workload after its creation."""
 
 from __future__ import annotations
 
 import secrets
-import uuid
 from typing import Any
 
 import yaml
 from kubernetes.client.rest import ApiException
 
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import RLJobSpec
+from kuberl.api.spec import RLJobSpec, SandboxAutoscaler
 from kuberl.kube import Kube, object_path
 from kuberl_operator.desired import desired_objects
 from kuberl_operator.job_config import build_config_map
-from kuberl_operator.meta import owner_reference
+from kuberl_operator.meta import MANAGED_BY, owner_reference
 from kuberl_operator.pod import JOB_FILE_KEY
 from kuberl_operator.secret import build_sandbox_token_secret
+from kuberl_operator.security import SandboxPodSecurity
 
 # A running learner cannot switch model or algorithm without starting over: its checkpoints, optimizer
 # state and published weights all belong to the old ones. Replica counts and limits can change.
 UNSAFE_FIELDS = ("model", "algorithm")
+# The operator's field manager: every field of every child it applies is owned under this name.
+FIELD_MANAGER = MANAGED_BY
 # Created once, never written again: the sandbox token Secret (re-applying must never rotate a token in
 # use) and Kueue's Workload (its pod sets cannot change while it is admitted: Kueue rejects it).
 CREATE_ONLY = frozenset({"Secret", "Workload"})
@@ -57,42 +62,49 @@ def config_map_path(job: RLJob, namespace: str) -> str:
     return object_path(build_config_map(job, namespace, None))
 
 
-def apply_children(kube: Kube, job: RLJob, namespace: str, uid: str, scaled_down: bool, new: bool = False) -> list[str]:
-    """Create or patch every child; `scaled_down` renders every tier with zero replicas (suspended or
-    finished jobs). A `new` job's children are created without reading first (half the requests when a
-    thousand jobs arrive at once); any that exists already is then read and patched like the rest.
-    Returns 'Kind/name' of what was written."""
+def apply_children(
+    kube: Kube,
+    job: RLJob,
+    namespace: str,
+    uid: str,
+    scaled_down: bool,
+    new: bool = False,
+    security: SandboxPodSecurity | None = None,
+) -> list[str]:
+    """Apply every child; `scaled_down` renders every tier with zero replicas (suspended or finished jobs).
+    A `new` job's children are applied without reading first (half the requests when a thousand jobs arrive
+    at once; an apply creates what is missing). `security` is what the cluster lets sandbox pods use (the
+    operator's configuration). Returns 'Kind/name' of what was written."""
     if scaled_down:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     owner = owner_reference(job, uid)
     written = []
     secret = build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32))
-    for obj in [secret, *desired_objects(job, namespace, owner=owner)]:
-        if new and _create(kube, obj, exist_ok=True) is not None:
-            written.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            continue
+    for obj in [secret, *desired_objects(job, namespace, owner=owner, security=security)]:
         if obj["kind"] in CREATE_ONLY:
-            if new or kube.get(object_path(obj)) is not None:
+            if _create(kube, obj) is None:
                 continue  # it exists: never written again
-            _create(kube, obj)
-        elif (existing := kube.get(object_path(obj))) is None:
-            _create(kube, obj)
-        elif not contains(existing, obj := _keep_autoscaled_replicas(job, existing, obj, scaled_down)):
-            kube.patch(object_path(obj), obj)
         else:
-            continue
+            existing = None if new else kube.get(object_path(obj))
+            obj = _without_autoscaled_replicas(job, existing, obj, scaled_down)
+            if existing is not None and contains(existing, obj):
+                continue
+            kube.apply(obj, FIELD_MANAGER)
         written.append(f"{obj['kind']}/{obj['metadata']['name']}")
     return written
 
 
-def _keep_autoscaled_replicas(
-    job: RLJob, existing: dict[str, Any], obj: dict[str, Any], scaled_down: bool
+def _without_autoscaled_replicas(
+    job: RLJob, existing: dict[str, Any] | None, obj: dict[str, Any], scaled_down: bool
 ) -> dict[str, Any]:
-    """The sandbox Deployment's replicas belong to its autoscaler (the operator's or an HPA) once it
-    exists: re-applying the spec keeps them, clamped to the spec's bounds, unless the job is scaled down."""
+    """The sandbox Deployment's replicas belong to its autoscaler unless the job is scaled down. An HPA's
+    are left out of the applied object, so the API server leaves them to the HPA; the operator's own
+    autoscaler's are kept as they are once the Deployment exists, clamped to the spec's bounds."""
     if obj["kind"] != "Deployment" or scaled_down:
         return obj
-    current = (existing.get("spec") or {}).get("replicas")
+    if job.spec.sandbox.autoscaler == SandboxAutoscaler.HPA:
+        return {**obj, "spec": {k: v for k, v in obj["spec"].items() if k != "replicas"}}
+    current = ((existing or {}).get("spec") or {}).get("replicas")
     if not isinstance(current, int):
         return obj
     bounded = min(max(current, job.spec.sandbox.min_replicas), job.spec.sandbox.max_replicas)
@@ -110,9 +122,10 @@ def delete_children(kube: Kube, job: RLJob, namespace: str) -> list[str]:
     return gone
 
 
-def _create(kube: Kube, obj: dict[str, Any], exist_ok: bool = False) -> dict[str, Any] | None:
+def _create(kube: Kube, obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Create a child that is never applied again; None when it exists already."""
     try:
-        return kube.create(_with_uid(obj), exist_ok=exist_ok)
+        return kube.create(obj, exist_ok=True)
     except ApiException as err:
         if obj["kind"] == "Workload" and err.status in (403, 404):
             raise RuntimeError(
@@ -121,9 +134,3 @@ def _create(kube: Kube, obj: dict[str, Any], exist_ok: bool = False) -> dict[str
                 "queueName from the RLJob"
             ) from err
         raise
-
-
-def _with_uid(obj: dict[str, Any]) -> dict[str, Any]:
-    """A real API server replaces metadata.uid on create; API emulators keep it, and tools that track
-    objects by uid (kopf among them) need one."""
-    return {**obj, "metadata": {**obj["metadata"], "uid": str(uuid.uuid4())}}

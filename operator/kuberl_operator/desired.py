@@ -18,6 +18,7 @@ from kuberl_operator.rbac import build_role, build_role_binding, build_service_a
 from kuberl_operator.rollout import build_rollout_service, build_rollout_statefulset
 from kuberl_operator.sandbox import build_sandbox_deployment, build_sandbox_hpa, build_sandbox_service
 from kuberl_operator.secret import sandbox_token_secret_name
+from kuberl_operator.security import SandboxPodSecurity
 
 DEFAULT_NAMESPACE = "default"
 GPU = "nvidia.com/gpu"
@@ -29,14 +30,20 @@ def target_namespace(job: RLJob, override: str | None = None) -> str:
 
 
 def desired_objects(
-    job: RLJob, namespace: str, *, owner: dict[str, Any] | None, sandbox_token_secret: str | None = None
+    job: RLJob,
+    namespace: str,
+    *,
+    owner: dict[str, Any] | None,
+    sandbox_token_secret: str | None = None,
+    security: SandboxPodSecurity | None = None,
 ) -> list[dict[str, Any]]:
     """All children, ordered so that each exists before what needs it: identity and config first, the
     sandbox NetworkPolicy before any sandbox pod (untrusted code never runs unfenced), Services before
-    the workloads that resolve them, the learner last (it waits on rollout servers)."""
+    the workloads that resolve them, the learner last (it waits on rollout servers). `security`: see
+    build_sandbox_deployment."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
     workloads = [
-        build_sandbox_deployment(job, namespace, owner, secret),
+        build_sandbox_deployment(job, namespace, owner, secret, security),
         build_rollout_statefulset(job, namespace, owner, secret),
         build_learner_statefulset(job, namespace, owner),
     ]

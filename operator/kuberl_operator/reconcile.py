@@ -3,7 +3,6 @@ here; every decision is made by the pure modules (desired, apply.contains, obser
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -12,7 +11,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import SandboxAutoscaler
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
@@ -33,10 +31,9 @@ from kuberl_operator.lifecycle import (
 )
 from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, QUEUE, SANDBOX, TIER_LABEL, child_name
 from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier, learner_stop, tier_states
+from kuberl_operator.security import SandboxPodSecurity
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
-# Seconds between two sandbox autoscaling decisions of a job (each scrapes its rollout pods' metrics).
-AUTOSCALE_INTERVAL_S = float(os.environ.get(env_vars.OPERATOR_AUTOSCALE_INTERVAL, "15"))
 _LIVE_PHASES = frozenset({Phase.INITIALIZING, Phase.RUNNING, Phase.RECOVERING})
 KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
 PostEvent = Callable[[Event], None]
@@ -160,9 +157,17 @@ def fail_invalid(kube: Kube, body: dict[str, Any], err: ValidationError, now: da
     return new
 
 
-def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, new: bool = False) -> list[str]:
+def apply_job(
+    kube: Kube,
+    body: dict[str, Any],
+    now: datetime,
+    post: PostEvent,
+    new: bool = False,
+    security: SandboxPodSecurity | None = None,
+) -> list[str]:
     """Apply the children unless the spec change is unsafe for a started job; then say why in a condition.
-    A `new` job (the create handler) has no applied spec to compare with yet."""
+    A `new` job (the create handler) has no applied spec to compare with yet. `security`: what the cluster
+    lets sandbox pods use."""
     body = fresh(kube, body)  # the phase decides the replicas: a stale one would undo a scale-down
     job, namespace = parse_job(body), body["metadata"]["namespace"]
     old = current_status(body)
@@ -186,7 +191,7 @@ def apply_job(kube: Kube, body: dict[str, Any], now: datetime, post: PostEvent, 
     if refused:
         return []
     scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES or admission(kube, job, namespace) is False
-    return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down, new=new)
+    return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down, new=new, security=security)
 
 
 def drive(
@@ -197,6 +202,7 @@ def drive(
     now: datetime,
     post: PostEvent,
     nodes: Mapping[str, NodeCapacity] | None = None,
+    security: SandboxPodSecurity | None = None,
 ) -> RLJobStatus:
     """One observation of a job and its pods (from the operator's pod index, not a list per job): run the
     state machine, act, post events, write the status.
@@ -219,7 +225,7 @@ def drive(
         return old
     job = parse_job(body)
     for action in decision.actions:
-        _act(kube, body, job, pods, action)
+        _act(kube, body, job, pods, action, security)
     if should_write(old, decision.status, observed):
         write_status(kube, body, old, decision.status)
         memory.metered_at = now
@@ -231,15 +237,21 @@ def drive(
 
 
 def autoscale_sandbox(
-    kube: Kube, body: dict[str, Any], pods: list[dict[str, Any]], memory: Memory, post: PostEvent, clock: float
+    kube: Kube,
+    body: dict[str, Any],
+    pods: list[dict[str, Any]],
+    memory: Memory,
+    post: PostEvent,
+    clock: float,
+    interval_s: float,
 ) -> int | None:
-    """Every AUTOSCALE_INTERVAL_S for a live job whose sandbox tier the operator scales: the rollout tier's
+    """Every `interval_s` seconds (of `clock`) for a live job whose sandbox tier the operator scales: the rollout tier's
     demand -> kuberl_operator.autoscale.recommend -> the Deployment's replicas and status.sandboxReplicas.
     Returns the replicas asked for (None when nothing was decided)."""
     status, job = current_status(body), parse_job(body)
     if status.phase not in _LIVE_PHASES or job.spec.sandbox.autoscaler != SandboxAutoscaler.OPERATOR:
         return None
-    if memory.autoscaled_at is not None and clock - memory.autoscaled_at < AUTOSCALE_INTERVAL_S:
+    if memory.autoscaled_at is not None and clock - memory.autoscaled_at < interval_s:
         return None
     memory.autoscaled_at = clock
     if (demand := scrape_demand(pods, memory.start_latency)) is None:
@@ -311,19 +323,26 @@ def admission(kube: Kube, job: RLJob, namespace: str) -> bool | None:
     return queueing.admitted(kube.get(workload))
 
 
-def _act(kube: Kube, body: dict[str, Any], job: RLJob, pods: list[dict[str, Any]], action: Action) -> None:
+def _act(
+    kube: Kube,
+    body: dict[str, Any],
+    job: RLJob,
+    pods: list[dict[str, Any]],
+    action: Action,
+    security: SandboxPodSecurity | None,
+) -> None:
     namespace = body["metadata"]["namespace"]
     collection = collection_path("v1", "Pod", namespace)
     if action.kind == ActionKind.SCALE_TO_ZERO:
         # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
-        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True)
+        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True, security=security)
     elif action.kind == ActionKind.RESTART_LEARNER_GANG:
         # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
         for pod in pods:
             if (pod["metadata"].get("labels") or {}).get(TIER_LABEL) == LEARNER:
                 kube.delete(f"{collection}/{pod['metadata']['name']}")
     elif action.kind == ActionKind.APPLY:
-        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False)
+        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False, security=security)
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
             kube.delete(f"{collection}/{name}")

@@ -3,6 +3,20 @@ integration tests and its scale benchmark: no cluster is needed to run the real 
 
 kmock 0.8's quirks shape what is here (see docs/operator.md): the custom resource is registered directly
 (posting the CRD does not register a kind), and the operator runs with `-A` (listing namespaces fails).
+
+Server-side apply (PATCH with `application/apply-patch+yaml` and `?fieldManager=`), which kmock lacks, is
+taught here as far as the operator's path needs it: an apply without a field manager, kind or matching name
+is refused (400); an apply of a missing object creates it; otherwise the applied fields are merged into the
+stored object (maps merged key by key, lists and scalars replaced by the applied ones, nulls ignored), and
+an apply that changes nothing is not a write (no new resourceVersion, no watch event). The object records
+`{manager, operation: Apply, apiVersion}` in `metadata.managedFields` for each manager that applied it.
+
+What it does not model: which fields each manager owns (no `fieldsV1`; merge-patch writers are not recorded
+as managers); conflicts between managers (every apply acts as `force=true`, never 409); the removal of a
+field that a manager applied before and has stopped applying (a real API server removes or resets it when
+no other manager owns it; here it stays); list merge keys (a real server merges `containers` by name,
+`ports` by port, `ownerReferences` by uid; here the applied list replaces the stored one); defaulting and
+`resourceVersion` preconditions in the applied object. Code under test must not depend on any of these.
 """
 
 from __future__ import annotations
@@ -22,9 +36,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
+import yaml
+
 RLJOB_RESOURCE = "kuberl.io/v1alpha1/rljobs"
 WORKLOAD_RESOURCE = "kueue.x-k8s.io/v1beta1/workloads"
-HANDLERS = ["-m", "kopf", "run", "--standalone", "-A", "-m", "kuberl_operator.handlers"]
+HANDLERS = ["-m", "kuberl.cli", "operator"]  # `kuberl operator`: watches every namespace, like `kopf run -A`
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 class Api:
@@ -84,19 +102,66 @@ class _RequestLog(list):
         return self.served
 
 
+def _merged(stored: Any, applied: Any) -> Any:
+    """`applied` over `stored`: maps merged key by key, anything else replaced; nulls in `applied` ignored."""
+    if isinstance(stored, dict) and isinstance(applied, dict):
+        out = dict(stored)
+        for key, value in applied.items():
+            if value is not None:
+                out[key] = _merged(stored.get(key), value)
+        return out
+    return applied
+
+
 def _emulator() -> Any:
     import kmock
+
+    def refused(message: str) -> Exception:
+        return kmock.KubernetesError(status=400, reason="BadRequest", message=message)
 
     class Emulator(kmock.KubernetesEmulator):
         """kmock without two costs a real API server does not have: the request log (above), and a scan of
         every stored object to serve one by name (a dict lookup here, with the same result). And with what
-        kmock leaves out: a uid on create and a new resourceVersion on every write. kopf tells its own
-        writes coming back through the watch from older events by the resourceVersion; with one that never
-        changes, it takes a late event for a new object and runs the create handler again."""
+        kmock leaves out: a uid on create, a new resourceVersion on every write, and server-side apply (see
+        the module docstring). kopf tells its own writes coming back through the watch from older events by
+        the resourceVersion; with one that never changes, it takes a late event for a new object and runs
+        the create handler again."""
 
         written = 0
 
+        def _server_side_apply(self, request: Any) -> Any:
+            """The apply as the request kmock serves: a create, a merge of the applied fields, or (when it
+            changes nothing) a read of the stored object."""
+            manager = request.params.get("fieldManager")
+            applied = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text or "null")
+            if not manager:
+                raise refused("fieldManager is required for apply requests")
+            if not isinstance(applied, dict) or not applied.get("apiVersion") or not applied.get("kind"):
+                raise refused("an applied object needs apiVersion and kind")
+            if (applied.get("metadata") or {}).get("name") != request.name:
+                raise refused(f"the name of the applied object does not match the name on the URL ({request.name})")
+            entry = {"manager": manager, "operation": "Apply", "apiVersion": applied["apiVersion"]}
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                meta = {**applied["metadata"], "managedFields": [entry]}
+                if request.namespace is not None:
+                    meta["namespace"] = request.namespace
+                return attrs.evolve(request, action=kmock.action.CREATE, data={**applied, "metadata": meta})
+            stored = self._objects[key].raw
+            merged = _merged(stored, applied)
+            fields = stored["metadata"].get("managedFields") or []
+            mine = [(m.get("manager"), m.get("operation")) == (manager, "Apply") for m in fields]
+            fields = [entry if own else m for m, own in zip(fields, mine, strict=True)]
+            merged["metadata"]["managedFields"] = fields if any(mine) else [*fields, entry]
+            if merged == stored:
+                return attrs.evolve(request, action=kmock.action.FETCH)  # a real API server writes nothing either
+            return attrs.evolve(request, data=merged)
+
         async def _handle(self, request: Any) -> Any:
+            content_type = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
+            if request.action == kmock.action.UPDATE and content_type.split(";")[0].strip() == APPLY_PATCH:
+                request = self._server_side_apply(request)
+                _ROUTING.set(request)  # kmock routes the request it is given: the one in the log
             if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and isinstance(request.data, dict):
                 self.written += 1
                 meta = request.data.setdefault("metadata", {})

@@ -416,6 +416,21 @@ def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limi
     assert metrics['kuberl_operator_reconcile_duration_seconds_count{"handler": "create"}'] > 0
 
 
+def test_children_are_applied_server_side_and_an_hpas_replicas_stay_its_own(cluster):
+    """The operator applies its children under its field manager; a spec change re-applies them and leaves
+    the sandbox replicas that an HPA chose."""
+    api, _ = cluster
+    create_job(api, "hpa", sandbox={"autoscaler": "hpa", "minReplicas": 1, "maxReplicas": 6})
+    wait_for("every child", lambda: all(children(api, "hpa")))
+    applied = {"manager": "kuberl-operator", "operation": "Apply", "apiVersion": "apps/v1"}
+    assert applied in api.get(f"{STATEFULSETS}/hpa-learner")["metadata"]["managedFields"]
+    sandbox = f"/apis/apps/v1/namespaces/{NS}/deployments/hpa-sandbox"
+    api.patch(sandbox, {"spec": {"replicas": 4}})  # the HPA scales the tier
+    api.patch(f"{RLJOBS}/hpa", {"spec": {"rollout": {"replicas": 3}}})
+    wait_for("rollout scaled to 3", lambda: replicas(api, "hpa").get("rollout") == 3)
+    assert api.get(sandbox)["spec"]["replicas"] == 4
+
+
 def test_invalid_spec_fails_with_a_message(cluster):
     api, _ = cluster
     create_job(api, "invalid", learner={"replicas": 0})
