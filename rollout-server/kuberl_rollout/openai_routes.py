@@ -1,111 +1,178 @@
-"""OpenAI-compatible endpoints (`/v1/completions`, `/v1/chat/completions`), in OpenAI's format plus what RL
-needs recorded: token ids, prompt token ids, policy versions and per-token log-probs."""
+"""OpenAI-compatible endpoints (`/v1/models`, `/v1/completions`, `/v1/chat/completions`, streamed or not), in
+OpenAI's format plus what RL needs recorded: token ids, prompt token ids, policy versions and per-token
+log-probs. Bodies are `kuberl.api.openai_http`; every error of these routes is answered in OpenAI's error
+shape (the work API keeps its own), so OpenAI clients raise with the message.
+"""
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import StreamingResponse
 
-from kuberl.modeling.tool_calls import ParseError, parse_tool_call
-from kuberl_rollout.service import WorkError
+from kuberl.api.openai_http import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatLogprobs,
+    ChatRequest,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    Sampling,
+    TokenLogprob,
+    Usage,
+)
+from kuberl_rollout import openai_chat, openai_stream
+from kuberl_rollout.engine import Generation
+from kuberl_rollout.openai_errors import OpenAIError, OpenAIRoute
 from kuberl_rollout.state import State
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+log = logging.getLogger("kuberl.rollout")
+_STARTED = int(time.time())
+DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 256}
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use
-    prompt: str | list[int]
-    max_tokens: int = Field(16, ge=1, le=65536)
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+router = APIRouter(
+    prefix="/v1",
+    tags=["openai"],
+    route_class=OpenAIRoute,
+    responses={code: {"model": ErrorResponse} for code in (400, 404, 503)},
+)
 
 
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: int = Field(256, ge=1, le=65536)
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+# ------------------------------------------------------------------------------------------------ models
+@router.get("/models")
+async def models(s: State) -> ModelList:
+    return ModelList(data=[_card(s)])
 
 
-@router.post("/completions")
-async def completions(body: CompletionRequest, s: State) -> dict[str, Any]:
+@router.get("/models/{model_id:path}")
+async def model(model_id: str, s: State) -> ModelCard:
+    if model_id != s.model_name:
+        raise OpenAIError(404, f"The model {model_id!r} does not exist; this server serves {s.model_name!r}", "model")
+    return _card(s)
+
+
+def _card(s: State) -> ModelCard:
+    return ModelCard(id=s.model_name, created=_STARTED, policy_version=s.service.agent.engine.version)
+
+
+# ------------------------------------------------------------------------------------------- completions
+@router.post("/completions", response_model=None, responses={200: {"model": Completion}})
+async def completions(body: CompletionRequest, s: State) -> Completion | StreamingResponse:
+    _refuse_unsupported(body)
     tokenizer = s.service.agent.chat.tokenizer
-    prompt_ids = (
-        body.prompt if isinstance(body.prompt, list) else tokenizer.encode(body.prompt, add_special_tokens=False)
-    )
+    if isinstance(body.prompt, str):
+        prompt_ids = tokenizer.encode(body.prompt, add_special_tokens=False)
+    else:
+        prompt_ids = body.prompt
     if not prompt_ids:
-        raise WorkError(400, "prompt is empty")
+        raise OpenAIError(400, "prompt is empty", "prompt")
     if max(prompt_ids) >= len(tokenizer) or min(prompt_ids) < 0:
-        raise WorkError(400, f"prompt token ids must lie in [0, {len(tokenizer)})")
-    gen = await s.service.agent.engine.generate(
-        prompt_ids, body.max_tokens, body.temperature, body.top_p, [tokenizer.eos_token_id], body.seed
+        raise OpenAIError(400, f"prompt token ids must lie in [0, {len(tokenizer)})", "prompt")
+    gen = await _generate(s, prompt_ids, body, body.max_tokens or DEFAULT_MAX_TOKENS["completions"], "prompt")
+    head = _head(s)
+    usage = _usage(prompt_ids, gen)
+    if body.stream:
+        chunks = openai_stream.completion_chunks(head, tokenizer, gen, _stream_usage(body, usage))
+        return _event_stream(openai_stream.sse(chunks, prompt_ids))
+    logprobs = CompletionLogprobs(tokens=[tokenizer.decode([t]) for t in gen.token_ids], token_logprobs=gen.logprobs)
+    choice = CompletionChoice(
+        text=tokenizer.decode(gen.token_ids, skip_special_tokens=True),
+        logprobs=logprobs,
+        finish_reason=gen.finish_reason,
+        token_ids=gen.token_ids,
+        policy_versions=gen.versions,
     )
-    s.metrics.generated_tokens.inc(len(gen.token_ids))
-    text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-    choice = {
-        "index": 0,
-        "text": text,
-        "finish_reason": gen.finish_reason,
-        "token_ids": gen.token_ids,
-        "policy_versions": gen.versions,
-        "logprobs": {"tokens": [tokenizer.decode([t]) for t in gen.token_ids], "token_logprobs": gen.logprobs},
-    }
-    return _openai("text_completion", s.model_name, prompt_ids, gen.token_ids, choice)
+    return Completion(**head, choices=[choice], usage=usage, prompt_token_ids=prompt_ids)
 
 
-@router.post("/chat/completions")
-async def chat_completions(body: ChatRequest, s: State) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------- chat
+@router.post("/chat/completions", response_model=None, responses={200: {"model": ChatCompletion}})
+async def chat_completions(body: ChatRequest, s: State) -> ChatCompletion | StreamingResponse:
+    _refuse_unsupported(body)
     chat = s.service.agent.chat
-    try:
-        prompt_ids = chat.prompt_ids(body.messages)
-    except Exception as err:  # the tokenizer's template raises on messages it cannot render
-        raise WorkError(400, f"messages cannot be rendered by the chat template: {err}") from None
-    gen = await s.service.agent.engine.generate(
-        prompt_ids, body.max_tokens, body.temperature, body.top_p, [chat.tokenizer.eos_token_id], body.seed
-    )
-    s.metrics.generated_tokens.inc(len(gen.token_ids))
+    prompt_ids = openai_chat.prompt_ids(chat, body)
+    max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS["chat"]
+    gen = await _generate(s, prompt_ids, body, max_tokens, "messages")
     text = chat.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    parsed = parse_tool_call(text)
-    if not isinstance(parsed, ParseError):
-        function = {"name": parsed.name, "arguments": json.dumps(parsed.arguments)}
-        message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function", "function": function}]
-    choice = {
-        "index": 0,
-        "message": message,
-        "finish_reason": gen.finish_reason,
-        "token_ids": gen.token_ids,
-        "policy_versions": gen.versions,
-        "logprobs": {
-            "content": [
-                {"token": chat.tokenizer.decode([t]), "logprob": lp}
-                for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
-            ]
-        },
-    }
-    return _openai("chat.completion", s.model_name, prompt_ids, gen.token_ids, choice)
+    calls = None if body.tool_choice == "none" else openai_chat.tool_calls(text)
+    finish = "tool_calls" if calls and gen.finish_reason == "stop" else gen.finish_reason
+    head, usage = _head(s), _usage(prompt_ids, gen)
+    if body.stream:
+        chunks = openai_stream.chat_chunks(head, chat.tokenizer, gen, calls, finish, _stream_usage(body, usage))
+        return _event_stream(openai_stream.sse(chunks, prompt_ids))
+    tokens = [
+        TokenLogprob(token=chat.tokenizer.decode([t]), logprob=lp)
+        for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
+    ]
+    choice = ChatChoice(
+        message=AssistantMessage(content=text, tool_calls=calls),
+        logprobs=ChatLogprobs(content=tokens),
+        finish_reason=finish,
+        token_ids=gen.token_ids,
+        policy_versions=gen.versions,
+    )
+    return ChatCompletion(**head, choices=[choice], usage=usage, prompt_token_ids=prompt_ids)
 
 
-def _openai(kind: str, model: str, prompt_ids: list[int], output_ids: list[int], choice: dict) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "prompt_token_ids": prompt_ids,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(output_ids),
-            "total_tokens": len(prompt_ids) + len(output_ids),
-        },
-    }
+# ------------------------------------------------------------------------------------ not served here
+@router.post("/responses", include_in_schema=False)
+async def responses() -> None:
+    raise OpenAIError(404, "the Responses API is not served here; use /v1/chat/completions", code="unsupported")
+
+
+@router.post("/embeddings", include_in_schema=False)
+async def embeddings() -> None:
+    raise OpenAIError(404, "embeddings are not served here: a rollout server only samples", code="unsupported")
+
+
+# --------------------------------------------------------------------------------------------- shared
+def _refuse_unsupported(body: Sampling) -> None:
+    refused = body.unsupported()
+    if refused is not None:
+        param, why = refused
+        raise OpenAIError(400, why, param, "unsupported_value")
+
+
+async def _generate(s: State, prompt_ids: list[int], body: Sampling, max_tokens: int, param: str) -> Generation:
+    engine, tokenizer = s.service.agent.engine, s.service.agent.chat.tokenizer
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_p = 1.0 if body.top_p is None else body.top_p
+    try:
+        gen = await engine.generate(prompt_ids, max_tokens, temperature, top_p, [tokenizer.eos_token_id], body.seed)
+    except ValueError as err:  # vLLM refuses a prompt it cannot serve (longer than the model's context, ...)
+        raise OpenAIError(400, str(err), param) from None
+    except Exception as err:
+        log.exception("generation failed")
+        dead = " (the engine died; this server is being replaced)" if engine.dead else ""
+        raise OpenAIError(503, f"generation failed: {err or type(err).__name__}{dead}") from None
+    s.metrics.generated_tokens.inc(len(gen.token_ids))
+    return gen
+
+
+def _head(s: State) -> dict[str, Any]:
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": s.model_name}
+
+
+def _usage(prompt_ids: list[int], gen: Generation) -> Usage:
+    prompt, completion = len(prompt_ids), len(gen.token_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _stream_usage(body: Sampling, usage: Usage) -> Usage | None:
+    return usage if body.stream_options is not None and body.stream_options.include_usage else None
+
+
+def _event_stream(events: Iterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
