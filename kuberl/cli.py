@@ -272,12 +272,11 @@ def run_command(
     solve_rate = None
     if evaluate:
         from kuberl.local.evaluate import summary_line
-        from kuberl.suites import load_tasks
+        from kuberl.suites import environment_tasks
         from kuberl_trainer.evaluation import evaluate as evaluate_tasks
         from kuberl_trainer.rollout_client import RolloutClient
 
-        tasks = job.spec.environment.tasks
-        held_out = load_tasks(job.spec.environment.name, tasks.uri, str(tasks.eval_split))
+        held_out = environment_tasks(job.spec.environment, str(job.spec.environment.tasks.eval_split))
 
         def solve_rate(urls: list[str]) -> float:
             # the scorer of `kuberl evaluate`, on the job's own servers while no learner uses them
@@ -373,7 +372,7 @@ def evaluate_command(
     from kuberl.local.evaluate import evaluate_policy, summary_line, write_summary
     from kuberl.rewards import check_tasks, resolve_reward
     from kuberl.storage import check_model_folder
-    from kuberl.suites import load_tasks
+    from kuberl.suites import environment_tasks, load_tasks
     from kuberl.validation import ManifestError, load_rljob
 
     try:
@@ -381,7 +380,7 @@ def evaluate_command(
         check_model_folder(policy)
         env = job.spec.environment
         if tasks_uri is None:
-            tasks = load_tasks(env.name, env.tasks.uri, split or str(env.tasks.eval_split))
+            tasks = environment_tasks(env, split or str(env.tasks.eval_split))
         else:
             tasks = load_tasks(env.name, tasks_uri, split)
         # before any server starts: a task the job's reward cannot score is a usage error
@@ -444,14 +443,14 @@ def learner(
     from pathlib import Path
 
     from kuberl.storage import check_model_folder, local_copy
-    from kuberl.suites import load_tasks
+    from kuberl.suites import environment_tasks
     from kuberl.validation import ManifestError, load_rljob
     from kuberl_trainer.learner import run_learner
 
     try:
         job = load_rljob(job_file)
         env = job.spec.environment
-        task_ids = [t.task_id for t in load_tasks(env.name, env.tasks.uri, str(env.tasks.split))]
+        task_ids = [t.task_id for t in environment_tasks(env, str(env.tasks.split))]
         model = model_path or str(local_copy(job.spec.model.uri))
         check_model_folder(model)
         started = float(os.environ[env_vars.JOB_STARTED_AT]) if os.environ.get(env_vars.JOB_STARTED_AT) else None

@@ -239,6 +239,21 @@ class TaskSource(ApiModel):
     """Split trained on."""
     eval_split: TaskSplit = TaskSplit.TEST
     """Held-out split used for evaluation."""
+    count: int | None = Field(None, ge=1, le=100_000)
+    """Built-in suites only (tasks.uri unset): how many tasks to generate; unset: the suite's default (swe-toy:
+    400, about a quarter held out). Task i is the same whatever the count, so a larger suite adds tasks to
+    both splits. A policy trained for several passes over a few hundred tasks learns them by heart: the
+    demo's policy solved 0.89 of its training tasks and 0.74 of the held-out ones (0.43 and 0.44 before RL)."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="count",
+            cel="!has(self.count) || !has(self.uri)",
+            message="tasks.count sizes a built-in suite; with tasks.uri set the file decides",
+            holds=lambda t: t.count is None or t.uri is None,
+            explain=lambda t: f"count ({t.count}) sizes a built-in suite; with uri set ({t.uri}) remove count",
+        ),
+    )
 
 
 class EnvironmentSpec(ApiModel):

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from kuberl.api.environment import Task
-from kuberl.api.spec import TaskSplit
+from kuberl.api.spec import EnvironmentSpec, TaskSplit
 from kuberl.suites import swe_toy
 from kuberl.suites.store import read_jsonl
 
@@ -17,21 +17,27 @@ BUILTIN_SUITES: dict[str, Callable[..., list[Task]]] = {
 }
 
 
-def load_tasks(name: str, uri: str | None = None, split: str | None = None) -> list[Task]:
-    """The tasks of JSONL file `uri`, or of built-in suite `name` when `uri` is None; only `split` if given."""
+def load_tasks(name: str, uri: str | None = None, split: str | None = None, count: int | None = None) -> list[Task]:
+    """The tasks of JSONL file `uri`, or of built-in suite `name` when `uri` is None (its first `count` tasks,
+    or its default number); only `split` if given."""
     wanted = _parse_split(split)
     if uri is not None and uri.startswith("s3://"):
         tasks = _read_s3(uri)
     elif uri is not None:
         tasks = read_jsonl(_local_path(uri))
     elif name in BUILTIN_SUITES:
-        tasks = BUILTIN_SUITES[name]()
+        tasks = BUILTIN_SUITES[name]() if count is None else BUILTIN_SUITES[name](count=count)
     else:
         known = ", ".join(sorted(BUILTIN_SUITES))
         raise ValueError(
             f"unknown built-in task suite {name!r}; known suites: {known} (or set tasks.uri to a JSONL file)"
         )
     return tasks if wanted is None else [task for task in tasks if task.split == wanted]
+
+
+def environment_tasks(env: EnvironmentSpec, split: str | None = None) -> list[Task]:
+    """The tasks an RLJob's `spec.environment` names (its file, or its built-in suite at `tasks.count`)."""
+    return load_tasks(env.name, env.tasks.uri, split, env.tasks.count)
 
 
 def _parse_split(split: str | None) -> TaskSplit | None:

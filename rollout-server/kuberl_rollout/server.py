@@ -15,7 +15,7 @@ from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
 from kuberl.rewards import check_tasks, resolve_reward
 from kuberl.storage import check_model_folder, local_copy
-from kuberl.suites import load_tasks
+from kuberl.suites import environment_tasks
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
@@ -77,7 +77,7 @@ def resolve_rewards(job: RLJob) -> Rewards:
 def load_job_tasks(job: RLJob, reward_fn: RewardFunction) -> list[Task]:
     """Every task of the job (all splits); ValueError (a usage error) when `reward_fn` cannot score them."""
     env = job.spec.environment
-    tasks = load_tasks(env.name, env.tasks.uri)
+    tasks = environment_tasks(env)
     check_tasks(reward_fn, tasks, env.tasks.uri or f"built-in task suite {env.name!r}")
     return tasks
 

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from pydantic import ValidationError
 
 from kuberl.api.environment import Task
-from kuberl.suites import BUILTIN_SUITES, load_tasks
+from kuberl.api.spec import EnvironmentSpec
+from kuberl.suites import BUILTIN_SUITES, environment_tasks, load_tasks
 from kuberl.suites.store import read_jsonl, write_jsonl
 from kuberl.suites.swe_toy import BUG_KINDS, MAX_MODULE_LINES, generate
 
@@ -257,6 +259,16 @@ def test_duplicate_task_ids_are_refused(tmp_path):
     write_jsonl([TASKS[0], TASKS[1], TASKS[0]], path)
     with pytest.raises(ValueError, match=r"line 3: taskId: duplicate 'swe-toy-0000', first on line 1"):
         read_jsonl(path)
+
+
+def test_a_job_sizes_the_builtin_suite_and_earlier_tasks_keep_their_split():
+    env = EnvironmentSpec.model_validate({"tasks": {"count": 600}})
+    tasks = environment_tasks(env)
+    assert len(tasks) == 600 and tasks[:400] == TASKS  # task i and its split do not depend on the count
+    assert environment_tasks(env, "test") == [t for t in tasks if t.split == "test"]
+    assert len(environment_tasks(EnvironmentSpec())) == len(TASKS)  # unset: the suite's default
+    with pytest.raises(ValidationError, match=r"count \(600\) sizes a built-in suite; with uri set"):
+        EnvironmentSpec.model_validate({"tasks": {"count": 600, "uri": "tasks.jsonl"}})
 
 
 def test_builtin_suite_and_its_errors(tmp_path):

@@ -24,7 +24,7 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import WrongEdit
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import CLOSE, OPEN, SWE_SYSTEM_PROMPT, format_tool_call
-from kuberl.suites import load_tasks
+from kuberl.suites import environment_tasks
 from kuberl_trainer.demonstrations import Demonstration, Slip, record_demonstration
 from kuberl_trainer.sft import supervised_fit
 
@@ -146,7 +146,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
     if warmup.demonstrations == 0:
         raise ValueError("spec.training.warmup.demonstrations is 0: the warm-up is off")
     started = time.monotonic()
-    tasks = load_tasks(env.name, env.tasks.uri, str(env.tasks.split))
+    tasks = environment_tasks(env, str(env.tasks.split))
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
     print(
         f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
