@@ -1,5 +1,6 @@
 """What the API server does with a CRD schema that the tests need without one: apply the schema's
-defaults, and evaluate its CEL `x-kubernetes-validations` (with cel-python) on the defaulted object."""
+defaults, evaluate its CEL `x-kubernetes-validations` (with cel-python) on the defaulted object, and find
+the fields it does not declare (strict field validation, as the emulated API server applies it)."""
 
 from __future__ import annotations
 
@@ -60,4 +61,28 @@ def cel_violations(schema: dict[str, Any], value: Any, path: str = "") -> list[t
     elif isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             found += cel_violations(schema["items"], item, f"{path}[{i}]")
+    return found
+
+
+def undeclared_fields(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """The fields of `value` that a structural schema does not declare, as `.spec.modle` (what the API server
+    refuses under `?fieldValidation=Strict`)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, list):
+        items = schema.get("items") or {}
+        return [f for i, v in enumerate(value) for f in undeclared_fields(items, v, f"{path}[{i}]")]
+    if not isinstance(value, dict):
+        return []
+    if "properties" not in schema:
+        extra = schema.get("additionalProperties")
+        if not isinstance(extra, dict):
+            return []  # a free-form map (`metadata`, `additionalProperties: true`)
+        return [f for k, v in value.items() for f in undeclared_fields(extra, v, f"{path}.{k}")]
+    found = []
+    for key, sub in value.items():
+        if key not in schema["properties"]:
+            found.append(f"{path}.{key}")
+        else:
+            found += undeclared_fields(schema["properties"][key], sub, f"{path}.{key}")
     return found
