@@ -125,7 +125,8 @@ def operator_command(
     config = OperatorConfig.from_env(os.environ)
     if metrics_port:
         config = dataclasses.replace(config, metrics_port=metrics_port)
-    kopf.configure(verbose=verbose)
+    # as `kopf run` logs: a job's lines start with [namespace/name] (operators and benchmarks read them)
+    kopf.configure(verbose=verbose, log_prefix=True)
     kopf.run(
         registry=register(config),
         standalone=True,
