@@ -10,6 +10,7 @@ import click
 from kuberl import __version__
 from kuberl.api import env_vars
 from kuberl.crd import rljob_crd_yaml
+from kuberl.planning import fit_warnings
 from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
 
@@ -37,10 +38,80 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
             click.echo(f"{result.source}: RLJob {result.job.name!r} is valid")
         for problem in result.problems:
             click.echo(str(problem), err=True)
+        if result.ok:
+            assert result.job is not None
+            for line in fit_warnings(result.job.spec):
+                click.echo(f"{result.source}: warning: does not fit: {line} (kuberl plan for details)", err=True)
     if any(not r.ok for r in results):
         bad = sum(not r.ok for r in results)
         click.echo(f"{bad} of {len(results)} document(s) invalid", err=True)
         sys.exit(EXIT_INVALID)
+
+
+@main.command("plan")
+@click.argument("job_file", metavar="JOB.yaml")
+@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
+@click.option("--gpu-memory", default="80Gi", show_default=True, help="Memory of one GPU (a quantity).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan_command(job_file: str, model_path: str | None, gpu_memory: str, as_json: bool) -> None:
+    """Estimate the learner's memory peak per device and the rollout tier's KV cache from the job and the
+    model's config.json, and compare them with the resources the job requests (docs/operator.md).
+
+    Exits 2 with one line when the manifest or the model's config.json cannot be read."""
+    from kuberl.planning import GIB, PlanError, gib, plan_memory, quantity_bytes, read_model_shape
+    from kuberl.validation import ManifestError, load_rljob
+
+    try:
+        job = load_rljob(job_file)
+        shape = read_model_shape(model_path or job.spec.model.uri)
+        plan = plan_memory(job.spec, shape, int(quantity_bytes(gpu_memory)))
+    except (ManifestError, PlanError) as err:
+        click.echo(str(err), err=True)
+        sys.exit(EXIT_INVALID)
+    if as_json:
+        click.echo(json.dumps(plan.to_json(), indent=2))
+        return
+    learner, rollout = plan.learner, plan.rollout
+    verdict = {True: "fits", False: "DOES NOT FIT", None: "unknown (no memory request)"}
+
+    def row(name: str, value: float | None) -> None:
+        click.echo(f"  {name:<44} {gib(value):>14}")
+
+    click.echo(f"{job.name}: {plan.parameters / 1e6:.1f}M parameters, {shape.layers} layers, vocab {shape.vocab_size}")
+    click.echo(
+        f"learner ({learner.device}, world size {learner.world_size}, {learner.rows} rows x "
+        f"{learner.context_tokens} tokens per micro-batch)"
+    )
+    row("weights (float32, sharded)", learner.weights)
+    row("gradients", learner.gradients)
+    row("AdamW moments", learner.optimizer)
+    if learner.gathered:
+        row("FSDP gathered units", learner.gathered)
+    if learner.reference:
+        row("reference model", learner.reference)
+    row("activations, no checkpointing", learner.activations_without_checkpointing)
+    row("activations, with checkpointing", learner.activations_with_checkpointing)
+    row("logits and log-softmax", learner.logits)
+    if learner.gradient_free_pass:
+        row("gradient-free pass (old log-probs, reference)", learner.gradient_free_pass)
+    if learner.host:
+        row("offloaded to host", learner.host)
+    checkpointing = "on" if learner.activation_checkpointing else "off"
+    row(f"peak per device (checkpointing {checkpointing})", learner.peak)
+    row("available", learner.budget)
+    if learner.budget:
+        click.echo(f"  {verdict[learner.fits]}, headroom {(learner.budget - learner.peak) / GIB:.2f} GiB")
+    else:
+        click.echo(f"  {verdict[learner.fits]}")
+    click.echo(f"rollout ({rollout.device}, {rollout.sequences} sequences x {rollout.tokens_per_sequence} tokens)")
+    row("weights", rollout.weights)
+    row(f"KV cache ({rollout.kv_bytes_per_token} bytes per token)", rollout.kv_cache)
+    row("needed per engine", rollout.need)
+    row("available", rollout.budget)
+    if rollout.budget:
+        click.echo(f"  {verdict[rollout.fits]}, headroom {(rollout.budget - rollout.need) / GIB:.2f} GiB")
+    else:
+        click.echo(f"  {verdict[rollout.fits]}")
 
 
 @main.command()

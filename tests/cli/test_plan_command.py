@@ -1,0 +1,196 @@
+"""`kuberl plan`: the memory arithmetic on a config small enough to check by hand, FSDP sharding, activation
+checkpointing, the rollout KV cache, the verdict against the requested resources, the table and JSON, exit
+2 on bad input; and `kuberl validate`'s warning when a job cannot fit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import BIN
+
+from kuberl.api.spec import RLJobSpec
+from kuberl.planning import PlanError, model_shape_from_config, plan_memory, quantity_bytes, read_model_shape
+
+KUBERL = str(BIN / "kuberl")
+
+# hidden 8, 2 layers, 2 query heads and 1 key/value head of width 4, MLP 16, vocabulary 32, untied
+CONFIG = {
+    "hidden_size": 8,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 4,
+    "intermediate_size": 16,
+    "vocab_size": 32,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+SHAPE = model_shape_from_config(CONFIG)
+CPU_POD = {"requests": {"cpu": 1, "memory": "1Gi"}}
+
+
+def spec_doc(**overrides) -> dict:
+    """A CPU job of 8 trajectories of 256 tokens per step on one learner rank, with sections overridden."""
+    doc = {
+        "model": {"uri": "unused", "maxContextTokens": 256},
+        "environment": {"maxTokensPerTrajectory": 256},
+        "algorithm": {"groupSize": 2},
+        "training": {"trajectoriesPerStep": 8},
+        "learner": {"replicas": 1, "resources": CPU_POD},
+        "rollout": {"resources": CPU_POD},
+    }
+    for section, values in overrides.items():
+        doc[section] = {**doc.get(section, {}), **values}
+    return doc
+
+
+def spec(**overrides) -> RLJobSpec:
+    return RLJobSpec.model_validate(spec_doc(**overrides))
+
+
+def test_parameters_of_a_known_config():
+    # block: q 8x8 + k, v 8x4 each + o 8x8 + MLP 3x8x16 + two norms 8 = 592; root: 2 x 32x8 + norm 8 = 520
+    assert SHAPE.block_parameters == 592 and SHAPE.root_parameters == 520
+    assert SHAPE.parameters == 2 * 592 + 520 == 1704
+    # saved per token and block: norms 4x8, attention 3x8 + 2x4, MLP 4x16
+    assert SHAPE.block_activation_elements() == 128
+
+
+def test_learner_bytes_of_a_known_config():
+    learner = plan_memory(spec(), SHAPE).learner
+    assert (learner.device, learner.rows, learner.context_tokens) == ("cpu", 8, 256)
+    assert (learner.weights, learner.gradients, learner.optimizer, learner.gathered) == (6816, 6816, 13632, 0)
+    # 8 rows x 256 tokens x (2 blocks x 128 + final norm 16) x 4 bytes
+    assert learner.activations_without_checkpointing == 8 * 256 * 272 * 4 == 2_228_224
+    # block inputs 2 x 8 + one block recomputed 128 + final norm 16
+    assert learner.activations_with_checkpointing == 8 * 256 * 160 * 4 == 1_310_720
+    # logits, log-softmax, exp and p log p: four float32 [8, 256, 32]
+    assert learner.logits == 8 * 256 * 32 * 16 == 1_048_576
+    assert learner.gradient_free_pass == 0 and learner.reference == 0
+    assert learner.peak == 27_264 + 1_310_720 + 1_048_576  # checkpointing is on by default
+    assert learner.budget == 1024**3 and learner.fits
+
+
+def test_fsdp_divides_the_states_by_the_world_size_and_gathers_units():
+    one = plan_memory(spec(), SHAPE).learner
+    two = plan_memory(spec(learner={"replicas": 2}), SHAPE).learner
+    assert (two.weights, two.gradients, two.optimizer) == (3408, 3408, 6816)
+    assert two.rows == 4 and two.logits == one.logits // 2  # each rank trains half the rows
+    assert two.gathered == (520 + 2 * 592) * 4  # the root unit and two blocks, whole, in float32 on CPU
+
+
+def test_activation_checkpointing_reduces_activations_and_the_peak():
+    on = plan_memory(spec(), SHAPE).learner
+    off = plan_memory(spec(learner={"fsdp": {"activationCheckpointing": False}}), SHAPE).learner
+    assert (
+        on.activations == on.activations_with_checkpointing < off.activations == off.activations_without_checkpointing
+    )
+    assert off.peak - on.peak == 2_228_224 - 1_310_720
+
+
+def test_mini_batches_and_the_reference_model_add_a_gradient_free_pass():
+    plain = plan_memory(spec(), SHAPE).learner
+    kl = plan_memory(spec(algorithm={"groupSize": 2, "klCoef": 0.1}), SHAPE).learner
+    assert kl.reference == 6816
+    # all 8 rows without gradient: the logits' four copies plus one block's outputs
+    assert kl.gradient_free_pass == 1_048_576 + 8 * 256 * 128 * 4
+    mini = plan_memory(spec(training={"trajectoriesPerStep": 8, "miniBatches": 2}), SHAPE).learner
+    assert mini.rows == 4 and mini.logits == plain.logits // 2 and mini.gradient_free_pass == kl.gradient_free_pass
+
+
+def test_gpu_learner_uses_bfloat16_activations_and_the_gpu_memory():
+    gpu = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+    learner = plan_memory(spec(learner=gpu), SHAPE, gpu_memory=2 * 1024**3).learner
+    assert learner.device == "gpu" and learner.budget == 2 * 1024**3
+    assert learner.activations_with_checkpointing == 8 * 256 * 160 * 2
+    assert learner.logits == 8 * 256 * 32 * 18  # bfloat16 logits and four float32 copies
+    offloaded = plan_memory(spec(learner={**gpu, "fsdp": {"cpuOffload": True}}), SHAPE).learner
+    assert offloaded.host == 6816 * 4 and offloaded.peak == learner.peak - 6816 * 4
+
+
+def test_rollout_kv_cache():
+    rollout = plan_memory(spec(), SHAPE).rollout
+    # 2 (k, v) x 2 layers x 1 kv head x 4 wide x 4 bytes (float32 on CPU) per token
+    assert rollout.kv_bytes_per_token == 64
+    assert (rollout.sequences, rollout.tokens_per_sequence) == (64, 256)
+    assert rollout.kv_cache == 64 * 64 * 256 and rollout.need == rollout.kv_cache + 1704 * 4
+    capped = plan_memory(spec(rollout={"concurrentSessions": 500, "engine": {"maxNumSeqs": 100}}), SHAPE).rollout
+    assert capped.sequences == 100  # the engine runs at most maxNumSeqs at once
+    gpu = plan_memory(spec(rollout={"resources": {"limits": {"nvidia.com/gpu": 1}}}), SHAPE, 1024**3).rollout
+    assert gpu.kv_bytes_per_token == 32 and gpu.budget == int(0.9 * 1024**3)  # bfloat16, gpuMemoryUtilization
+
+
+def test_a_job_that_does_not_fit_says_which_tier():
+    small = {"resources": {"limits": {"memory": "2Mi"}}}
+    plan = plan_memory(spec(learner=small), SHAPE)
+    assert plan.fits is False and plan.learner.fits is False and plan.rollout.fits is True
+    assert len(plan.problems()) == 1 and plan.problems()[0].startswith("learner needs")
+    unknown = plan_memory(spec(learner={"resources": {"requests": {"cpu": 1}}}), SHAPE)
+    assert unknown.learner.budget is None and unknown.fits is None and unknown.problems() == []
+
+
+@pytest.mark.parametrize(("text", "value"), [("64Gi", 64 * 1024**3), ("500M", 5e8), (3, 3), ("1e3", 1000.0)])
+def test_quantities(text, value):
+    assert quantity_bytes(text) == value
+
+
+def test_config_errors_name_the_file(tmp_path):
+    with pytest.raises(PlanError, match=r"config.json: no such file"):
+        read_model_shape(str(tmp_path))
+    with pytest.raises(PlanError, match=r"s3://m/x/config.json: the plan reads a local model folder"):
+        read_model_shape("s3://m/x")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(PlanError, match=r"config.json: no 'num_attention_heads'"):
+        read_model_shape(str(tmp_path))
+
+
+# ------------------------------------------------------------------------------------ the commands
+def kuberl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KUBERL, *args], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+
+
+def job_file(tmp_path: Path, learner_memory: str = "1Gi") -> str:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    doc = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "plan"},
+        "spec": spec_doc(model={"uri": str(model)}, learner={"resources": {"limits": {"memory": learner_memory}}}),
+    }
+    path = tmp_path / f"job-{learner_memory}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_plan_prints_a_table_and_json(tmp_path):
+    path = job_file(tmp_path)
+    table = kuberl("plan", path)
+    assert table.returncode == 0, table.stderr
+    assert "activations, with checkpointing" in table.stdout and "fits, headroom" in table.stdout
+    as_json = kuberl("plan", "--json", path)
+    plan = json.loads(as_json.stdout)
+    assert plan["parameters"] == 1704 and plan["fits"] is True
+    assert plan["learner"]["peak"] == 27_264 + 1_310_720 + 1_048_576
+
+
+def test_plan_exits_2_with_one_line_on_bad_input(tmp_path):
+    missing = kuberl("plan", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and missing.stderr.strip().endswith("file not found")
+    remote = kuberl("plan", job_file(tmp_path), "--model", "s3://models/x")
+    assert remote.returncode == 2 and remote.stderr.count("\n") == 1 and "config.json" in remote.stderr
+    assert "Traceback" not in missing.stderr + remote.stderr
+
+
+def test_validate_warns_when_the_job_cannot_fit(tmp_path):
+    tight = kuberl("validate", job_file(tmp_path, learner_memory="2Mi"))
+    assert tight.returncode == 0 and "is valid" in tight.stdout
+    assert "warning: does not fit: learner needs" in tight.stderr
+    roomy = kuberl("validate", job_file(tmp_path))
+    assert roomy.returncode == 0 and "warning" not in roomy.stderr
