@@ -15,7 +15,8 @@ What the estimate assumes, following the code that runs (trainer/kuberl_trainer/
 - Saved activations of a Llama block per token (elements): two RMSNorms 2 x 2H, attention 3 x (query width)
   + 2 x (key/value width) (rotated q, k, v, the attention output and its contiguous copy for o_proj), MLP
   4 x intermediate (gate, its SiLU, up, their product), plus 2H for the final norm. With activation
-  checkpointing each block keeps only its input (H) and one block is recomputed at a time in the backward.
+  checkpointing each block keeps only its input (H) and one block is recomputed at a time in the backward,
+  after the logits' copies are freed: the peak holds the larger of the two, not both.
 - The logits dominate small models: [rows, T, vocab] logits and their float32 log-softmax, plus, during the
   entropy, exp(log p) and p log p: four float32 copies on CPU (bfloat16 logits and a float32 copy with
   mixed precision on GPU); one more is kept when entropyCoef > 0.
@@ -280,6 +281,11 @@ def plan_learner(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_G
     with_ = activation_bytes(shape, rows, tokens, compute_bytes, checkpointing=True)
     activations = with_ if fsdp.activation_checkpointing else without
     logits = logits_bytes(shape, rows, tokens, gpu_mixed, spec.algorithm.entropy_coef > 0)
+    step = activations + logits
+    if fsdp.activation_checkpointing:
+        # the logits' copies are freed before the backward reaches the last block and recomputes it
+        recomputed = rows * tokens * shape.block_activation_elements() * compute_bytes
+        step = activations - recomputed + max(recomputed, logits)
     free_pass = 0
     if spec.training.mini_batches > 1 or spec.algorithm.kl_coef > 0:
         free_pass = logits_bytes(shape, rank_rows, tokens, gpu_mixed, entropy_grad=False)
@@ -287,7 +293,7 @@ def plan_learner(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_G
     offloaded = gpu and fsdp.cpu_offload
     states = weights + gradients + optimizer + reference
     resident = gathered + (0 if offloaded else states)
-    peak = resident + max(activations + logits, free_pass)
+    peak = resident + max(step, free_pass)
     budget = gpu_memory if gpu else _pod_memory(learner.resources)
     return LearnerPlan(
         device="gpu" if gpu else "cpu",

@@ -72,7 +72,9 @@ def test_learner_bytes_of_a_known_config():
     # logits, log-softmax, exp and p log p: four float32 [8, 256, 32]
     assert learner.logits == 8 * 256 * 32 * 16 == 1_048_576
     assert learner.gradient_free_pass == 0 and learner.reference == 0
-    assert learner.peak == 27_264 + 1_310_720 + 1_048_576  # checkpointing is on by default
+    # checkpointing is on by default: block inputs and final norm (8 x 256 x 32 x 4), then the larger of the
+    # logits' copies and the one block recomputed in the backward (both 1_048_576 here)
+    assert learner.peak == 27_264 + 262_144 + 1_048_576
     assert learner.budget == 1024**3 and learner.fits
 
 
@@ -90,7 +92,10 @@ def test_activation_checkpointing_reduces_activations_and_the_peak():
     assert (
         on.activations == on.activations_with_checkpointing < off.activations == off.activations_without_checkpointing
     )
-    assert off.peak - on.peak == 2_228_224 - 1_310_720
+    assert off.peak - on.peak == (2_228_224 + 1_048_576) - (262_144 + 1_048_576)
+    # a wider vocabulary: the logits outweigh the recomputed block and the peak holds the logits, not both
+    wide = plan_memory(spec(), model_shape_from_config({**CONFIG, "vocab_size": 64})).learner
+    assert wide.logits == 2 * 1_048_576 and wide.peak == 4 * 4 * (2 * 592 + 1032) + 262_144 + 2 * 1_048_576
 
 
 def test_mini_batches_and_the_reference_model_add_a_gradient_free_pass():
@@ -126,7 +131,7 @@ def test_rollout_kv_cache():
 
 
 def test_a_job_that_does_not_fit_says_which_tier():
-    small = {"resources": {"limits": {"memory": "2Mi"}}}
+    small = {"resources": {"limits": {"memory": "1Mi"}}}
     plan = plan_memory(spec(learner=small), SHAPE)
     assert plan.fits is False and plan.learner.fits is False and plan.rollout.fits is True
     assert len(plan.problems()) == 1 and plan.problems()[0].startswith("learner needs")
@@ -177,7 +182,7 @@ def test_plan_prints_a_table_and_json(tmp_path):
     as_json = kuberl("plan", "--json", path)
     plan = json.loads(as_json.stdout)
     assert plan["parameters"] == 1704 and plan["fits"] is True
-    assert plan["learner"]["peak"] == 27_264 + 1_310_720 + 1_048_576
+    assert plan["learner"]["peak"] == 27_264 + 262_144 + 1_048_576
 
 
 def test_plan_exits_2_with_one_line_on_bad_input(tmp_path):
@@ -189,7 +194,7 @@ def test_plan_exits_2_with_one_line_on_bad_input(tmp_path):
 
 
 def test_validate_warns_when_the_job_cannot_fit(tmp_path):
-    tight = kuberl("validate", job_file(tmp_path, learner_memory="2Mi"))
+    tight = kuberl("validate", job_file(tmp_path, learner_memory="1Mi"))
     assert tight.returncode == 0 and "is valid" in tight.stdout
     assert "warning: does not fit: learner needs" in tight.stderr
     roomy = kuberl("validate", job_file(tmp_path))
