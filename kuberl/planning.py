@@ -351,7 +351,6 @@ def plan_memory(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_GP
 def fit_warnings(spec: RLJobSpec, gpu_memory: int = DEFAULT_GPU_MEMORY) -> list[str]:
     """What does not fit, when the model's config.json can be read locally; nothing when it cannot."""
     try:
-        shape = read_model_shape(spec.model.uri)
+        return plan_memory(spec, read_model_shape(spec.model.uri), gpu_memory).problems()
     except PlanError:
         return []
-    return plan_memory(spec, shape, gpu_memory).problems()
