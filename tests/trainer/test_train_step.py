@@ -132,3 +132,18 @@ def test_log_probs_start_where_the_loss_first_reads_and_match_a_full_forward(mod
         (out.logprobs * b.loss_mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     assert grads[1].allclose(grads[0], atol=1e-6)
+
+
+def test_activation_checkpointing_recomputes_in_the_learner(model_dir):
+    """Hugging Face checkpoints only in training mode; from_pretrained hands out eval mode."""
+    model = load_policy(str(model_dir), FsdpSpec(activation_checkpointing=True), torch.device("cpu"))
+    assert model.training and model.is_gradient_checkpointing
+    assert not load_policy(str(model_dir), NO_AC, torch.device("cpu")).is_gradient_checkpointing
+    b = batch(model.config.vocab_size)
+    reference = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    grads = []
+    for m in (model, reference):  # recomputation changes the cost, never the gradient
+        out = forward(m, b.input_ids, b.attention_mask)
+        (out.logprobs * b.loss_mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    assert grads[0].allclose(grads[1], atol=1e-6)

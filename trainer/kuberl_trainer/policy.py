@@ -28,6 +28,10 @@ def load_policy(
         model.eval()
     elif fsdp.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Hugging Face recomputes only in training mode, and from_pretrained returns a model in eval mode:
+        # without this, activationCheckpointing: true recomputed nothing. Training mode would also switch on
+        # dropout, which the rollout engine never applies; the Llama-family configs served here have none.
+        model.train()
     model.to(device)
     if not dist.is_initialized():
         return model
