@@ -102,6 +102,13 @@ BROKEN = [
         True,
     ),
     (
+        "task-count-sizes-builtin-suites",
+        with_spec(environment={"tasks": {"uri": "s3://suites/tasks.jsonl", "count": 600}}),
+        "spec.environment.tasks.count",
+        "count (600) sizes a built-in suite; with uri set",
+        True,
+    ),
+    (
         "turn-within-trajectory-timeout",
         with_spec(environment={"turnTimeout": "2h", "trajectoryTimeout": "30m"}),
         "spec.environment.turnTimeout",
