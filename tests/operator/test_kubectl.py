@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from conftest import REPO
+from helpers import polling
 from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server
 from helpers.kubectl import KUBECTL, Kubectl, table_rows
 
@@ -31,12 +31,7 @@ TIMEOUT_S = 45.0  # generous: the 2 CPU cores may be shared with other work
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return polling.wait_for(what, check, timeout)
 
 
 def job(name: str, **spec: Any) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import polling
 from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server, write_kubeconfig
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
@@ -105,13 +106,7 @@ def delete_jobs_after(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT_S) -> Any:
-    """Poll until `check` returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return polling.wait_for(what, check, timeout)
 
 
 def create_job(api: Api, name: str, **spec: Any) -> None:
