@@ -1,0 +1,750 @@
+"""A node agent for tests: the kubelet's part of a cluster, for the emulated API server
+(tests/helpers/emulator.py). It takes every Pod (binding it to its one node), runs each container's command
+as local processes with the project's virtual environment standing in for the image (tests/cluster/images.py),
+and reports back what a kubelet reports. What it models and what it does not is in docs/operator.md
+("The end-to-end suite"); in short:
+
+- a pod: its own network namespace and IP on the node's bridge (tests/cluster/network.py) and an /etc/hosts
+  with the Service, headless pod and `kubernetes.default.svc` names (no cluster DNS, no kube-proxy: a
+  ClusterIP Service resolves to one ready pod's address); each container: its own mount, UTS and PID
+  namespaces (PID 1 is the container's process), the pod's ConfigMap, Secret, emptyDir and service-account
+  token volumes bind-mounted at their mount paths, a read-only root filesystem when asked, the container's
+  uid, gid and groups (fsGroup included); no capabilities, seccomp, cgroups or resource limits;
+- the environment: the image's ENV, `env` with `value`/`valueFrom` (fieldRef, secretKeyRef,
+  configMapKeyRef) and `$(VAR)` references, `envFrom`, and the in-cluster API address; no service links;
+- status: phase, podIP, hostIP, container states, restarts and the Ready conditions, with startup,
+  readiness and liveness HTTP probes (startup and readiness periods capped at PROBE_PERIOD_CAP_S);
+- deletion: a finalizer of its own keeps a deleted pod until its containers have stopped: preStop, then
+  SIGTERM, then SIGKILL when terminationGracePeriodSeconds has passed; restartPolicy with a back-off that
+  starts at 1 s and is capped at 10 s (a kubelet's: 10 s to 5 min).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cluster.images import (
+    BASE_PATH,
+    VENV_BIN,
+    ExecutableNotFound,
+    Image,
+    ImageNotFound,
+    container_argv,
+    find_image,
+    project_images,
+    resolve_executable,
+)
+from cluster.network import NodeNetwork
+from helpers.emulator import Api
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "kuberl.test/node-agent"
+NODE_NAME = "kuberl-test-node"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+INIT = Path(__file__).with_name("container_init.py")
+PROBE_PERIOD_CAP_S = 2.0
+TICK_S = 0.2
+# the venv's interpreter lives under /root (0700 here): pods running as another uid see it through a
+# tmpfs over its parent in their own mount namespace (container_init.py)
+INTERPRETER_HOME = Path(sys.base_prefix).parents[1]  # e.g. /root/.pyenv
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: defined names replaced, others kept, `$$` escapes a `$`."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(one, text)
+
+
+def field_value(pod: dict[str, Any], path: str) -> str:
+    """The downward API's fieldRef paths."""
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName") or NODE_NAME,
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+    }
+    if path in simple:
+        return simple[path] or ""
+    if match := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
+        return (meta.get(match.group(1)) or {}).get(match.group(2), "")
+    raise ValueError(f"fieldRef {path!r} is not supported by the test node")
+
+
+def _probe_ok(probe: dict[str, Any], address: str, ports: dict[str, int]) -> bool:
+    get = probe.get("httpGet")
+    if get is None:
+        raise ValueError(f"only httpGet probes are supported by the test node: {probe}")
+    port = get["port"]
+    number = ports[port] if isinstance(port, str) and not port.isdigit() else int(port)
+    url = f"{get.get('scheme', 'HTTP').lower()}://{get.get('host') or address}:{number}{get.get('path', '/')}"
+    try:
+        with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as response:
+            return 200 <= response.status < 400
+    except Exception:
+        return False
+
+
+@dataclass
+class ProbeState:
+    spec: dict[str, Any] | None
+    period: float
+    next_at: float = 0.0
+    failures: int = 0
+    successes: int = 0
+    passed: bool = False
+
+
+@dataclass
+class Container:
+    spec: dict[str, Any]
+    process: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    restarts: int = 0
+    restart_at: float | None = 0.0  # when to (re)start; None: not again
+    last_exit: int | None = None
+    last_terminated: dict[str, Any] | None = None
+    waiting: tuple[str, str] | None = ("ContainerCreating", "")
+    terminated: dict[str, Any] | None = None
+    probes: dict[str, ProbeState] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def pid1(self) -> int | None:
+        """The container's own process (PID 1 of its namespace): the one child of `unshare --fork`."""
+        if not self.running():
+            return None
+        assert self.process is not None
+        try:
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def started(self) -> bool:
+        """Its startup probe (if any) has passed."""
+        startup = self.probes.get("startup")
+        return not (startup and startup.spec) or startup.passed
+
+    def ready(self) -> bool:
+        if not self.running():
+            return False
+        startup, readiness = self.probes.get("startup"), self.probes.get("readiness")
+        if startup and startup.spec and not startup.passed:
+            return False
+        return not (readiness and readiness.spec) or readiness.passed
+
+
+class PodRunner:
+    """One pod's life on the node, in a thread of its own: set-up, containers, probes, status, deletion."""
+
+    def __init__(self, agent: NodeAgent, pod: dict[str, Any]) -> None:
+        self.agent, self.pod = agent, pod
+        meta = pod["metadata"]
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+        self.dir = agent.workdir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
+        self.spec = pod["spec"]
+        self.containers = [Container(c) for c in self.spec["containers"]]
+        self.netns: str | None = None
+        self.address: str | None = None
+        self.started = now()
+        self.deleting = threading.Event()
+        self.gone = threading.Event()  # removed from the API without our finalizer's consent (force)
+        self.done = threading.Event()
+        self.last_status: dict[str, Any] | None = None
+        self.failure: tuple[str, str] | None = None  # a pod-level reason it cannot start
+        self.thread = threading.Thread(target=self.run, daemon=True, name=f"pod-{self.name}")
+
+    # --- set-up
+
+    def volume_dirs(self) -> dict[str, tuple[Path, bool]]:
+        """Each volume's folder on the node (filled now) and whether it is a tmpfs."""
+        out: dict[str, tuple[Path, bool]] = {}
+        security = self.spec.get("securityContext") or {}
+        for volume in self.spec.get("volumes") or []:
+            path = self.dir / "volumes" / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            if "emptyDir" in volume:
+                os.chmod(path, 0o777)
+                if security.get("fsGroup") is not None:
+                    os.chown(path, -1, security["fsGroup"])
+                out[volume["name"]] = (path, (volume["emptyDir"] or {}).get("medium") == "Memory")
+            elif "configMap" in volume or "secret" in volume:
+                source = volume.get("configMap") or volume["secret"]
+                files = self.agent.config_data(self.namespace, source, secret="secret" in volume)
+                items = source.get("items") or [{"key": k, "path": k} for k in files]
+                for item in items:
+                    target = path / item["path"]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(files[item["key"]])
+                    os.chmod(target, item.get("mode", source.get("defaultMode", 0o644)))
+                out[volume["name"]] = (path, False)
+            else:
+                raise ValueError(f"volume {volume['name']}: only configMap, secret and emptyDir are supported")
+        if self.spec.get("automountServiceAccountToken", True):
+            path = self.dir / "volumes" / "kube-api-access"
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "token").write_text("node-agent-test-token")
+            (path / "namespace").write_text(self.namespace)
+            (path / "ca.crt").write_bytes(self.agent.ca_file.read_bytes())
+            out["kube-api-access"] = (path, False)
+        return out
+
+    def environment(self, container: dict[str, Any], image: Image) -> dict[str, str]:
+        env = {
+            "PATH": f"{VENV_BIN}:{BASE_PATH}",
+            "HOSTNAME": self.spec.get("hostname") or self.name,
+            **image.env,
+            **self.agent.extra_env,
+            "KUBERNETES_SERVICE_HOST": self.agent.network.gateway,
+            "KUBERNETES_SERVICE_PORT": "443",
+            "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+        }
+        for source in container.get("envFrom") or []:
+            ref = source.get("configMapRef") or source.get("secretRef")
+            data = self.agent.config_data(self.namespace, ref, secret="secretRef" in source)
+            env.update({source.get("prefix", "") + k: v.decode() for k, v in data.items()})
+        for var in container.get("env") or []:
+            if "valueFrom" not in var:
+                env[var["name"]] = expand(var.get("value", ""), env)
+                continue
+            source = var["valueFrom"]
+            if "fieldRef" in source:
+                known = {**(self.pod.get("status") or {}), "podIP": self.address, "hostIP": self.agent.gateway}
+                env[var["name"]] = field_value({**self.pod, "status": known}, source["fieldRef"]["fieldPath"])
+            elif "secretKeyRef" in source or "configMapKeyRef" in source:
+                ref = source.get("secretKeyRef") or source["configMapKeyRef"]
+                data = self.agent.config_data(self.namespace, ref, secret="secretKeyRef" in source)
+                env[var["name"]] = data[ref["key"]].decode()
+            else:
+                raise ValueError(f"env {var['name']}: {list(source)} is not supported by the test node")
+        return env
+
+    def user(self, container: dict[str, Any], image: Image) -> tuple[int, int, list[int]]:
+        pod_ctx, ctx = self.spec.get("securityContext") or {}, container.get("securityContext") or {}
+        image_uid, _, image_gid = (image.user or "0").partition(":")
+        uid = ctx.get("runAsUser", pod_ctx.get("runAsUser", int(image_uid)))
+        gid = ctx.get("runAsGroup", pod_ctx.get("runAsGroup", int(image_gid or 0)))
+        if ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) and uid == 0:
+            raise PermissionError("container has runAsNonRoot and image will run as root")
+        groups = [gid, *pod_ctx.get("supplementalGroups", [])]
+        if pod_ctx.get("fsGroup") is not None:
+            groups.append(pod_ctx["fsGroup"])
+        return uid, gid, sorted(set(groups))
+
+    def start(self, c: Container) -> None:
+        """Start (or restart) a container: command from the spec or the image, its env, mounts and user."""
+        image = find_image(c.spec["image"], self.agent.images)
+        c.env = self.environment(c.spec, image)
+        argv = [expand(a, c.env) for a in container_argv(c.spec, image)]
+        if not argv:
+            raise ExecutableNotFound("no command specified")
+        argv[0] = resolve_executable(argv[0])
+        uid, gid, groups = self.user(c.spec, image)
+        mounts = []
+        for m in c.spec.get("volumeMounts") or []:
+            source, tmpfs = self.volumes[m["name"]]
+            mounts.append({"source": str(source), "target": m["mountPath"], "readOnly": m.get("readOnly", False)})
+            if tmpfs:
+                mounts[-1] = {"tmpfs": True, "target": m["mountPath"]}
+        if "kube-api-access" in self.volumes:
+            mounts.append({"source": str(self.volumes["kube-api-access"][0]), "target": SERVICE_ACCOUNT_DIR})
+            mounts[-1]["readOnly"] = True
+        for m in mounts:
+            self.agent.mount_point(m["target"])
+        expose = []
+        if uid != 0:
+            staging = self.dir / "interpreter"
+            staging.mkdir(exist_ok=True)
+            expose.append({"path": str(INTERPRETER_HOME), "staging": str(staging)})
+        spec = {
+            "argv": argv,
+            "env": c.env,
+            "mounts": mounts,
+            "expose": expose,
+            "readOnlyRoot": (c.spec.get("securityContext") or {}).get("readOnlyRootFilesystem", False),
+            "hostname": self.spec.get("hostname") or self.name,
+            "workdir": c.spec.get("workingDir"),
+            "uid": uid,
+            "gid": gid,
+            "groups": groups,
+        }
+        spec_file = self.dir / f"{c.name}.json"
+        spec_file.write_text(json.dumps(spec))
+        namespaces = ["--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
+        command = ["ip", "netns", "exec", str(self.netns), "unshare", *namespaces]
+        command += [sys.executable, str(INIT), str(spec_file)]
+        logfile = self.agent.workdir / "logs" / f"{self.namespace}_{self.name}_{c.name}.log"
+        with logfile.open("ab") as out:
+            out.write(f"--- {now()} start {argv}\n".encode())
+            out.flush()
+            c.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        c.started_at, c.waiting, c.terminated, c.restart_at = now(), None, None, None
+        now_s = time.monotonic()
+        for kind in ("startup", "readiness", "liveness"):
+            probe = c.spec.get(f"{kind}Probe")
+            period = float((probe or {}).get("periodSeconds", 10))
+            if kind != "liveness":
+                period = min(period, PROBE_PERIOD_CAP_S)
+            delay = float((probe or {}).get("initialDelaySeconds", 0))
+            c.probes[kind] = ProbeState(probe, period, now_s + delay)
+
+    # --- running
+
+    def run(self) -> None:
+        try:
+            self.run_pod()
+        except Exception:
+            log.exception("pod %s/%s", self.namespace, self.name)
+        finally:
+            with contextlib.suppress(Exception):
+                self.stop_all(grace=0)
+            if self.netns and self.address:
+                self.agent.network.remove_pod(self.netns, self.address)
+            self.done.set()
+            if self.deleting.is_set() or self.gone.is_set():
+                self.agent.release(self)
+
+    def run_pod(self) -> None:
+        self.netns, self.address = self.agent.network.add_pod(self.agent.next_index())
+        self.report()
+        while not self.deleting.is_set() and not self.gone.is_set():
+            try:
+                self.volumes = self.volume_dirs()
+                break
+            except (KeyError, FileNotFoundError) as err:  # a ConfigMap or Secret not there yet: retry
+                self.failure = ("ContainerCreating", f"waiting for {err}")
+                self.report()
+                time.sleep(1)
+        self.failure = None
+        policy = self.spec.get("restartPolicy", "Always")
+        while not self.deleting.is_set() and not self.gone.is_set():
+            for c in self.containers:
+                self.tend(c, policy)
+            self.report()
+            time.sleep(TICK_S)
+        if self.deleting.is_set():
+            meta = self.agent.api.get(self.path) or self.pod
+            grace = (meta.get("metadata") or {}).get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = self.spec.get("terminationGracePeriodSeconds", 30)
+            self.stop_all(grace=float(grace))
+            self.report()
+
+    def tend(self, c: Container, policy: str) -> None:
+        monotonic = time.monotonic()
+        if c.process is not None and c.process.poll() is not None:
+            code = c.process.returncode
+            code = 128 - code if code < 0 else code
+            c.last_exit = code
+            c.terminated = {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": c.started_at,
+                "finishedAt": now(),
+            }
+            c.process = None
+            again = policy == "Always" or (policy == "OnFailure" and code != 0)
+            if again:
+                delay = min(10.0, 2.0 ** min(c.restarts, 4) * 0.5 + 0.5)
+                c.restart_at = monotonic + delay
+                c.last_terminated, c.terminated = c.terminated, None
+                c.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container")
+            else:
+                c.restart_at = None
+        if c.process is None and c.restart_at is not None and monotonic >= c.restart_at:
+            first = c.started_at is None
+            try:
+                self.start(c)
+                if not first:
+                    c.restarts += 1
+            except ImageNotFound as err:
+                c.waiting, c.restart_at = ("ErrImagePull", str(err)), monotonic + 5
+            except (ExecutableNotFound, PermissionError, ValueError, KeyError) as err:
+                c.waiting, c.restart_at = ("CreateContainerConfigError", str(err)), monotonic + 5
+            return
+        if c.running():
+            self.probe(c)
+
+    def probe(self, c: Container) -> None:
+        assert self.address is not None
+        ports = {p["name"]: p["containerPort"] for p in c.spec.get("ports") or [] if "name" in p}
+        monotonic = time.monotonic()
+        startup = c.probes["startup"]
+        for kind in ("startup", "readiness", "liveness"):
+            state = c.probes[kind]
+            if state.spec is None or monotonic < state.next_at:
+                continue
+            if kind != "startup" and startup.spec is not None and not startup.passed:
+                continue
+            if kind == "startup" and state.passed:
+                continue
+            state.next_at = monotonic + state.period
+            if _probe_ok(state.spec, self.address, ports):
+                state.successes, state.failures = state.successes + 1, 0
+                if state.successes >= state.spec.get("successThreshold", 1):
+                    state.passed = True
+                continue
+            state.failures, state.successes = state.failures + 1, 0
+            if state.failures < state.spec.get("failureThreshold", 3):
+                continue
+            state.passed = False
+            if kind in ("startup", "liveness"):  # the kubelet kills the container; restartPolicy decides
+                log.warning("pod %s container %s failed its %s probe: restarting", self.name, c.name, kind)
+                self.stop_container(c, grace=float(self.spec.get("terminationGracePeriodSeconds", 30)))
+                return
+
+    # --- stopping
+
+    def run_pre_stop(self, c: Container, deadline: float) -> None:
+        hook = ((c.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        pid = c.pid1()
+        if hook is None or pid is None:
+            return
+        argv = list(hook["command"])
+        argv[0] = resolve_executable(argv[0])
+        image = find_image(c.spec["image"], self.agent.images)
+        uid, gid, _ = self.user(c.spec, image)
+        command = ["nsenter", "-t", str(pid), "--mount", "--uts", "--pid", "--net", "--wd=/"]
+        command += ["-S", str(uid), "-G", str(gid), *argv]
+        logfile = self.agent.workdir / "logs" / f"{self.namespace}_{self.name}_{c.name}.prestop.log"
+        with logfile.open("ab") as out:
+            hook_process = subprocess.Popen(command, env=c.env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            hook_process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hook_process.kill()
+            hook_process.wait()
+
+    def stop_container(self, c: Container, grace: float) -> None:
+        """preStop, SIGTERM to the container's PID 1, SIGKILL at the end of the grace period."""
+        if c.process is None:
+            return
+        deadline = time.monotonic() + grace
+        if grace > 0:
+            self.run_pre_stop(c, deadline)
+            if (pid := c.pid1()) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.process.wait(max(0.0, deadline - time.monotonic()))
+        if c.process.poll() is None:
+            if (pid := c.pid1()) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # the kernel then kills the rest of its PID namespace
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(c.process.pid, signal.SIGKILL)
+            c.process.wait(10)
+
+    def stop_all(self, grace: float) -> None:
+        threads = [threading.Thread(target=self.stop_container, args=(c, grace)) for c in self.containers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for c in self.containers:
+            c.restart_at = None
+            if c.process is not None and c.process.poll() is not None:
+                code = c.process.returncode
+                c.terminated = {"exitCode": 128 - code if code < 0 else code, "reason": "Error", "finishedAt": now()}
+                c.process = None
+
+    # --- reporting
+
+    def phase(self) -> str:
+        cs = self.containers
+        if any(c.started_at is None for c in cs):
+            return "Pending"
+        if all(c.terminated is not None and c.restart_at is None for c in cs):
+            return "Succeeded" if all(c.terminated and c.terminated["exitCode"] == 0 for c in cs) else "Failed"
+        return "Running"
+
+    def status(self) -> dict[str, Any]:
+        statuses = []
+        for c in self.containers:
+            if c.running():
+                state: dict[str, Any] = {"running": {"startedAt": c.started_at}}
+            elif c.terminated is not None:
+                state = {"terminated": c.terminated}
+            else:
+                reason, message = c.waiting or ("ContainerCreating", "")
+                state = {"waiting": {"reason": reason, "message": message}}
+            entry = {
+                "name": c.name,
+                "image": c.spec["image"],
+                "ready": c.ready(),
+                "started": c.running() and c.started(),
+                "restartCount": c.restarts,
+                "state": state,
+            }
+            if c.last_terminated:
+                entry["lastState"] = {"terminated": c.last_terminated}
+            statuses.append(entry)
+        ready = all(c.ready() for c in self.containers) and not self.deleting.is_set()
+        flag = "True" if ready else "False"
+        conditions = [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": flag},
+            {"type": "Ready", "status": flag},
+        ]
+        status: dict[str, Any] = {
+            "phase": self.phase(),
+            "hostIP": self.agent.network.gateway,
+            "startTime": self.started,
+            "conditions": conditions,
+            "containerStatuses": statuses,
+        }
+        if self.address:
+            status.update(podIP=self.address, podIPs=[{"ip": self.address}])
+        if self.failure:
+            status["reason"], status["message"] = self.failure
+        return status
+
+    def report(self) -> None:
+        """Write the status when it changed (as the kubelet's status manager does)."""
+        status = self.status()
+        if status == self.last_status or self.gone.is_set():
+            return
+        try:
+            self.agent.api.patch(self.path + "/status", {"status": status})
+            self.last_status = status
+        except Exception as err:
+            log.warning("status of pod %s: %s", self.name, err)
+
+
+class NodeAgent:
+    """The node: watches Pods (by polling the API), runs them with PodRunner, runs the workload controllers
+    (tests/cluster/controllers.py) and keeps every pod's /etc/hosts current. Use as a context manager."""
+
+    def __init__(
+        self,
+        api_url: str,
+        workdir: Path,
+        host_ports: tuple[int, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        from cluster.controllers import WorkloadControllers
+
+        self.api = Api(api_url)
+        self.api_port = int(api_url.rstrip("/").rsplit(":", 1)[1])
+        self.workdir = workdir
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.network = NodeNetwork(workdir)
+        self.host_ports = host_ports
+        self.extra_env = extra_env or {}
+        self.images = project_images()
+        self.controllers = WorkloadControllers(self.api)
+        self.pods: dict[str, PodRunner] = {}
+        self.lock = threading.Lock()
+        self.index = 0
+        self.created_dirs: list[Path] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True, name="kuberl-node-agent")
+        self.ca_file = Path()
+        self.errors: list[str] = []
+
+    @property
+    def gateway(self) -> str:
+        return self.network.gateway
+
+    def __enter__(self) -> NodeAgent:
+        try:
+            self.network.open()
+            context, self.ca_file = self.network.api_server_tls()
+            self.network.relay(443, self.api_port, context)
+            for port in self.host_ports:
+                self.network.relay(port, port)
+            self.thread.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(30)
+        for runner in list(self.pods.values()):
+            runner.gone.set()
+        for runner in list(self.pods.values()):
+            runner.done.wait(30)
+        self.network.close()
+        for path in reversed(self.created_dirs):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+    def next_index(self) -> int:
+        with self.lock:
+            self.index += 1
+            return self.index
+
+    def mount_point(self, target: str) -> None:
+        """Create a missing mount point on the node (an image would have it); removed again by close."""
+        path = Path(target)
+        with self.lock:
+            missing = []
+            while not path.exists():
+                missing.append(path)
+                path = path.parent
+            for directory in reversed(missing):
+                directory.mkdir(exist_ok=True)
+                self.created_dirs.append(directory)
+
+    def config_data(self, namespace: str, ref: dict[str, Any], secret: bool) -> dict[str, bytes]:
+        """A ConfigMap's or Secret's data. The emulator keeps a Secret's stringData as written (an API
+        server moves it into data), so both are read."""
+        name = ref.get("name") or ref.get("secretName")
+        kind = "secrets" if secret else "configmaps"
+        obj = self.api.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        if obj is None:
+            if ref.get("optional"):
+                return {}
+            raise KeyError(f"{kind[:-1]} {namespace}/{name}")
+        out = {k: v.encode() for k, v in (obj.get("stringData") or {}).items()}
+        if secret:
+            out.update({k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()})
+        else:
+            out.update({k: v.encode() for k, v in (obj.get("data") or {}).items()})
+            out.update({k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()})
+        return out
+
+    def release(self, runner: PodRunner) -> None:
+        """The pod's containers are gone: drop our finalizer, so the API server removes the pod."""
+        with self.lock:
+            if self.pods.get(runner.uid) is runner:
+                del self.pods[runner.uid]
+        if runner.gone.is_set():
+            return
+        with contextlib.suppress(Exception):
+            pod = self.api.get(runner.path)
+            if pod and pod["metadata"].get("uid") == runner.uid:
+                kept = [f for f in pod["metadata"].get("finalizers") or [] if f != FINALIZER]
+                self.api.patch(runner.path, {"metadata": {"finalizers": kept or None}})
+
+    def loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.sync()
+            except Exception:
+                log.exception("node agent")
+                self.errors.append(traceback.format_exc())
+            self.stopping.wait(0.3)
+
+    def sync(self) -> None:
+        pods = self.api.items("/api/v1/pods")
+        self.controllers.sync(pods)
+        seen = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            uid = meta.get("uid")
+            seen.add(uid)
+            runner = self.pods.get(uid)
+            if runner is None:
+                if meta.get("deletionTimestamp"):
+                    if FINALIZER in (meta.get("finalizers") or []):  # ours from before, never run
+                        kept = [f for f in meta["finalizers"] if f != FINALIZER]
+                        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+                        self.api.patch(path, {"metadata": {"finalizers": kept or None}})
+                    continue
+                finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+                path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+                pod = self.api.patch(path, {"metadata": {"finalizers": finalizers}, "spec": {"nodeName": NODE_NAME}})
+                if pod is None:  # deleted meanwhile
+                    continue
+                runner = PodRunner(self, pod)
+                with self.lock:
+                    self.pods[uid] = runner
+                runner.thread.start()
+            elif meta.get("deletionTimestamp"):
+                runner.deleting.set()
+            runner.pod = {**runner.pod, "status": pod.get("status") or runner.pod.get("status")}
+        for uid, runner in list(self.pods.items()):
+            if uid not in seen and not runner.deleting.is_set():
+                runner.gone.set()  # force-deleted: stop at once, nothing to report
+        self.update_hosts(pods)
+
+    def update_hosts(self, pods: list[dict[str, Any]]) -> None:
+        services = self.api.items("/api/v1/services")
+        lines = [
+            "127.0.0.1 localhost",
+            f"{self.gateway} kubernetes.default.svc.cluster.local kubernetes.default.svc kubernetes.default kubernetes",
+        ]
+        running = [p for p in pods if (p.get("status") or {}).get("podIP")]
+        for pod in running:
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            if spec.get("hostname") and spec.get("subdomain"):
+                name = f"{spec['hostname']}.{spec['subdomain']}.{meta['namespace']}"
+                lines.append(f"{pod['status']['podIP']} {name}.svc.cluster.local {name}.svc {name}")
+        for service in services:
+            meta, spec = service["metadata"], service.get("spec") or {}
+            selector = spec.get("selector") or {}
+            if not selector:
+                continue
+            chosen = [
+                p
+                for p in running
+                if p["metadata"]["namespace"] == meta["namespace"]
+                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                and not p["metadata"].get("deletionTimestamp")
+                and (
+                    spec.get("publishNotReadyAddresses")
+                    or any(
+                        c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in p["status"].get("conditions") or []
+                    )
+                )
+            ]
+            name = f"{meta['name']}.{meta['namespace']}"
+            for pod in sorted(chosen, key=lambda p: p["metadata"]["name"])[:1]:  # no VIP: one endpoint
+                lines.append(f"{pod['status']['podIP']} {name}.svc.cluster.local {name}.svc {name}")
+        for runner in list(self.pods.values()):
+            if runner.netns is None:
+                continue
+            own = runner.spec.get("hostname") or runner.name
+            local = [line for line in lines if line.endswith(f".{runner.namespace}")]
+            short = [f"{line.split()[0]} {line.rsplit(' ', 1)[1].rsplit('.', 1)[0]}" for line in local]
+            text = "\n".join([*lines, *short, f"{runner.address} {own}", ""])
+            self.network.write_hosts(runner.netns, text)
