@@ -488,7 +488,8 @@ def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str,
     from kuberl_rollout.server import build_app, settings_from_env
 
     try:
-        settings = settings_from_env(load_rljob(job_file), list(sandbox_urls), model_path)
+        # external agents run in this process and reach its sessions over loopback
+        settings = settings_from_env(load_rljob(job_file), list(sandbox_urls), model_path, f"http://127.0.0.1:{port}")
         app = build_app(settings)
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None

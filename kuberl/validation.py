@@ -17,9 +17,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from kuberl.agents import resolve_agent
 from kuberl.api.base import CROSS_FIELD_ERROR
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import API_VERSION, KIND, REWARD_REF_PATTERN
+from kuberl.api.spec import AGENT_REF_PATTERN, API_VERSION, KIND, REWARD_REF_PATTERN
 from kuberl.api.types import DNS_LABEL_PATTERN, IMAGE_PATTERN
 
 STDIN = "-"
@@ -90,6 +91,13 @@ def validate_document(data: Any, source: str) -> DocumentResult:
         result.job = RLJob.from_manifest(data)
     except ValidationError as err:
         result.problems.extend(problems_from_validation_error(err, source))
+        return result
+    agent = result.job.spec.environment.agent
+    if agent is not None:  # the entry point must import where the job is checked, as where it runs
+        try:
+            resolve_agent(agent)
+        except ValueError as err:
+            result.problems.append(Problem(source, "spec.environment.agent", str(err)))
     return result
 
 
@@ -200,6 +208,7 @@ _PATTERN_MEANING = {
     DNS_LABEL_PATTERN: "must be lowercase letters, digits and '-', starting and ending with a letter or digit",
     IMAGE_PATTERN: "must be a container image reference without spaces",
     REWARD_REF_PATTERN: "must be a registered reward name or module:function",
+    AGENT_REF_PATTERN: "must be module:function (an async function of the agent's package)",
 }
 
 

@@ -53,3 +53,12 @@ def second_sandbox(sandbox):
 
     with local_sandbox(token=sandbox.token) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def agent_server(sandbox, tmp_path_factory):
+    """A real rollout server whose job names an external agent (tests/helpers/agent_server.py), started once."""
+    from helpers.agent_server import agent_server as running
+
+    with running(sandbox, tmp_path_factory.mktemp("agent-server")) as server:
+        yield server

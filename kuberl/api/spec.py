@@ -256,6 +256,10 @@ class TaskSource(ApiModel):
     )
 
 
+AGENT_REF_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+AgentRef = Annotated[str, Field(min_length=3, max_length=256, pattern=AGENT_REF_PATTERN)]
+
+
 class EnvironmentSpec(ApiModel):
     """The agent's world: which environment, which tasks, and how long an episode may run."""
 
@@ -271,6 +275,10 @@ class EnvironmentSpec(ApiModel):
     """Wall-clock limit of one environment step (one tool call)."""
     trajectory_timeout: Duration = "30m"
     """Wall-clock limit of one whole episode."""
+    agent: AgentRef | None = None
+    """An external agent, `module:function`: an async function (task, base_url, env) that plays one episode with
+    any OpenAI client pointed at base_url (its calls are recorded token-in/token-out) and the sandbox through
+    env (run, run_tests, submit). Unset: the built-in agent loop."""
 
     cross_field_rules = (
         CrossFieldRule(

@@ -75,6 +75,10 @@ class Trajectory(ApiModel):
     """Why the episode failed (finish reason `error`): the learner drops it and may re-submit the task."""
     sandbox_session_id: str | None = None
     """Sandbox session the episode ran in."""
+    history_mismatches: int = Field(0, ge=0)
+    """Model calls of an external agent whose messages did not extend the previous call's prompt and completion
+    (it edited or truncated its history): each started a new token record, and the trajectory holds the last
+    one, so every trained token is one that was sampled (or the prompt it was sampled from)."""
     timings: dict[str, float] = Field(default_factory=dict)
     """Seconds spent, e.g. {generate: 3.1, environment: 12.4, total: 15.9}."""
 

@@ -34,7 +34,7 @@ class EpisodeLimits:
 
 
 @dataclass
-class _Record:
+class TokenRecord:
     """The growing token record of one trajectory."""
 
     token_ids: list[int]
@@ -66,7 +66,7 @@ class _Record:
 class EpisodeState:
     """How one episode stands, filled in as it runs (what survives a timeout or a sandbox failure)."""
 
-    record: _Record | None = None
+    record: TokenRecord | None = None
     """The token record; None until the sandbox opened the session and the prompt exists."""
     finish: FinishReason = FinishReason.MAX_TURNS
     error: str | None = None
@@ -110,7 +110,7 @@ class Agent:
                 await asyncio.wait_for(env.close(), timeout=10)
         record = episode.record
         if record is None:  # the sandbox failed before the first prompt existed
-            record = _Record(self.chat.prompt_ids(self._messages(task.prompt)))
+            record = TokenRecord(self.chat.prompt_ids(self._messages(task.prompt)))
         if episode.final is None and episode.finish != FinishReason.ERROR:
             episode.final = env.final_reward()
         episode.timings["total"] = time.monotonic() - started
@@ -138,7 +138,7 @@ class Agent:
         t0 = time.monotonic()
         observation = await asyncio.wait_for(env.reset(task), self.limits.turn_timeout_s)
         self._timed(episode, "environment", time.monotonic() - t0)
-        record = episode.record = _Record(self.chat.prompt_ids(self._messages(observation)))
+        record = episode.record = TokenRecord(self.chat.prompt_ids(self._messages(observation)))
         for turn in range(self.limits.max_turns):
             finish = await self._turn(env, record, None if seed is None else seed + turn, episode)
             if finish is not None:
@@ -146,7 +146,7 @@ class Agent:
         return FinishReason.MAX_TURNS
 
     async def _turn(
-        self, env: SandboxEnvironment, record: _Record, seed: int | None, episode: EpisodeState
+        self, env: SandboxEnvironment, record: TokenRecord, seed: int | None, episode: EpisodeState
     ) -> FinishReason | None:
         """Generate, run the tool call, append the observation; the finish reason when the episode ends here."""
         budget = min(self.limits.max_tokens_per_turn, self.limits.max_tokens - len(record.token_ids))

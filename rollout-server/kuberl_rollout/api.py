@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from kuberl.api.rollout_http import Problem
-from kuberl_rollout import health_routes, openai_routes, weight_routes, work_routes
+from kuberl_rollout import health_routes, openai_routes, session_routes, weight_routes, work_routes
 from kuberl_rollout.service import WorkError
 from kuberl_rollout.state import RolloutState
 from kuberl_rollout.weights import WeightError
@@ -30,7 +30,7 @@ def create_app(build_state, shutdown=None) -> FastAPI:
 
     app = FastAPI(title="KubeRL rollout server", version="v1", lifespan=lifespan)
     app.state.rollout = None
-    for module in (health_routes, work_routes, weight_routes, openai_routes):
+    for module in (health_routes, work_routes, weight_routes, openai_routes, session_routes):
         app.include_router(module.router)
     app.add_exception_handler(WorkError, _work_error)
     app.add_exception_handler(WeightError, _weight_error)

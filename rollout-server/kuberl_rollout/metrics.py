@@ -40,6 +40,22 @@ class RolloutMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        self.session_calls = Counter(
+            "kuberl_rollout_session_calls_total", "Chat completions recorded in sessions.", registry=r
+        )
+        self.session_history_mismatches = Counter(
+            "kuberl_rollout_session_history_mismatches_total",
+            "Session calls whose history did not extend the previous call's (a new segment started).",
+            registry=r,
+        )
+        self.session_prompt_tokens = Counter(
+            "kuberl_rollout_session_prompt_tokens_total",
+            "Prompt tokens of session calls, reused from the previous call's ids or encoded from text.",
+            ["source"],
+            registry=r,
+        )
+        for source in ("reused", "encoded"):
+            self.session_prompt_tokens.labels(source)
         self.policy_version = Gauge("kuberl_rollout_policy_version", "Policy version being served.", registry=r)
         self.weight_sync_seconds = Histogram(
             "kuberl_rollout_weight_sync_seconds",

@@ -24,15 +24,20 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "kuberl_probe", "descrip
 
 def prompt_ids(chat: ChatFormat, request: ChatRequest) -> list[int]:
     """The conversation and the assistant header as ids, with the request's tools offered to the model."""
+    return list(chat.tokenizer.encode(prompt_text(chat, request), add_special_tokens=False))
+
+
+def prompt_text(chat: ChatFormat, request: ChatRequest) -> str:
+    """The conversation and the assistant header as the chat template renders them (what `prompt_ids` encodes)."""
     tokenizer = chat.tokenizer
     tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
     native = bool(tools) and template_renders_tools(tokenizer)
     messages = [_template_message(m, native, f"messages[{i}]") for i, m in enumerate(request.messages)]
     try:
-        if not native:
-            return chat.prompt_ids(_with_tool_prompt(messages, tools) if tools else messages)
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        if native:
+            return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        shown = _with_tool_prompt(messages, tools) if tools else messages
+        return str(tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=True))
     except Exception as err:  # a template raises on what it cannot render (roles out of order, ...)
         raise OpenAIError(400, f"messages cannot be rendered by the model's chat template: {err}", "messages") from None
 

@@ -53,24 +53,24 @@ router = APIRouter(
 # ------------------------------------------------------------------------------------------------ models
 @router.get("/models")
 async def models(s: State) -> ModelList:
-    return ModelList(data=[_card(s)])
+    return ModelList(data=[card(s)])
 
 
 @router.get("/models/{model_id:path}")
 async def model(model_id: str, s: State) -> ModelCard:
     if model_id != s.model_name:
         raise OpenAIError(404, f"The model {model_id!r} does not exist; this server serves {s.model_name!r}", "model")
-    return _card(s)
+    return card(s)
 
 
-def _card(s: State) -> ModelCard:
+def card(s: State) -> ModelCard:
     return ModelCard(id=s.model_name, created=_STARTED, policy_version=s.service.agent.engine.version)
 
 
 # ------------------------------------------------------------------------------------------- completions
 @router.post("/completions", response_model=None, responses={200: {"model": Completion}})
 async def completions(body: CompletionRequest, s: State) -> Completion | StreamingResponse:
-    _refuse_unsupported(body)
+    refuse_unsupported(body)
     tokenizer = s.service.agent.chat.tokenizer
     if isinstance(body.prompt, str):
         prompt_ids = tokenizer.encode(body.prompt, add_special_tokens=False)
@@ -80,7 +80,7 @@ async def completions(body: CompletionRequest, s: State) -> Completion | Streami
         raise OpenAIError(400, "prompt is empty", "prompt")
     if max(prompt_ids) >= len(tokenizer) or min(prompt_ids) < 0:
         raise OpenAIError(400, f"prompt token ids must lie in [0, {len(tokenizer)})", "prompt")
-    gen = await _generate(s, prompt_ids, body, body.max_tokens or DEFAULT_MAX_TOKENS["completions"], "prompt")
+    gen = await generate(s, prompt_ids, body, body.max_tokens or DEFAULT_MAX_TOKENS["completions"], "prompt")
     head = _head(s)
     usage = _usage(prompt_ids, gen)
     if body.stream:
@@ -100,11 +100,21 @@ async def completions(body: CompletionRequest, s: State) -> Completion | Streami
 # ---------------------------------------------------------------------------------------------- chat
 @router.post("/chat/completions", response_model=None, responses={200: {"model": ChatCompletion}})
 async def chat_completions(body: ChatRequest, s: State) -> ChatCompletion | StreamingResponse:
-    _refuse_unsupported(body)
+    refuse_unsupported(body)
+    prompt_ids = openai_chat.prompt_ids(s.service.agent.chat, body)
+    gen = await generate(s, prompt_ids, body, chat_max_tokens(body), "messages")
+    return chat_answer(s, body, prompt_ids, gen)
+
+
+def chat_max_tokens(body: ChatRequest) -> int:
+    return body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS["chat"]
+
+
+def chat_answer(
+    s: State, body: ChatRequest, prompt_ids: list[int], gen: Generation
+) -> ChatCompletion | StreamingResponse:
+    """The answer to a chat request whose generation is `gen`, streamed or not as the request asks."""
     chat = s.service.agent.chat
-    prompt_ids = openai_chat.prompt_ids(chat, body)
-    max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS["chat"]
-    gen = await _generate(s, prompt_ids, body, max_tokens, "messages")
     text = chat.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
     calls = None if body.tool_choice == "none" else openai_chat.tool_calls(text)
     finish = "tool_calls" if calls and gen.finish_reason == "stop" else gen.finish_reason
@@ -138,14 +148,14 @@ async def embeddings() -> None:
 
 
 # --------------------------------------------------------------------------------------------- shared
-def _refuse_unsupported(body: Sampling) -> None:
+def refuse_unsupported(body: Sampling) -> None:
     refused = body.unsupported()
     if refused is not None:
         param, why = refused
         raise OpenAIError(400, why, param, "unsupported_value")
 
 
-async def _generate(s: State, prompt_ids: list[int], body: Sampling, max_tokens: int, param: str) -> Generation:
+async def generate(s: State, prompt_ids: list[int], body: Sampling, max_tokens: int, param: str) -> Generation:
     engine, tokenizer = s.service.agent.engine, s.service.agent.chat.tokenizer
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p

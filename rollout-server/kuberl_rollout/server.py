@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from kuberl.agents import resolve_agent
 from kuberl.api import env_vars
 from kuberl.api.environment import RewardFunction, Task
 from kuberl.api.rljob import RLJob
@@ -19,6 +20,7 @@ from kuberl.suites import environment_tasks
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
+from kuberl_rollout.external_agent import ExternalAgent
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.sandbox_client import SandboxClient
 from kuberl_rollout.service import RolloutService
@@ -33,6 +35,8 @@ class RolloutSettings:
     sandbox_token: str
     model_path: str | None = None
     """Overrides spec.model.uri (a local copy already made)."""
+    server_url: str = "http://127.0.0.1:8800"
+    """This server's own URL as its external agents reach it (they run in this process)."""
 
 
 def episode_limits(job: RLJob) -> EpisodeLimits:
@@ -87,6 +91,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
     # before the model copy and engine: a bad reward or task file fails at once
     rewards = resolve_rewards(settings.job)
     tasks = load_job_tasks(settings.job, rewards.function)
+    agent_ref = spec.environment.agent
+    entry_point = resolve_agent(agent_ref) if agent_ref is not None else None
     model_path = settings.model_path or str(local_copy(spec.model.uri))
     check_model_folder(model_path)  # a clear error now, not vLLM's traceback later
     dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
@@ -114,6 +120,10 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             process_reward=rewards.process_reward,
             process_weight=rewards.process_weight,
         )
+        if entry_point is not None and agent_ref is not None:
+            service.runner = ExternalAgent(
+                entry_point, agent_ref, service.sessions, settings.server_url, agent.chat, agent.limits, agent.observe
+            )
         partial = spec.rollout.partial_rollouts
         mode = "keep" if partial else "wait"
         assembler = BucketAssembler(expected_tensors(model_path))
@@ -122,11 +132,15 @@ def build_app(settings: RolloutSettings) -> FastAPI:
     return create_app(build_state, shutdown=engine.shutdown)
 
 
-def settings_from_env(job: RLJob, sandbox_urls: list[str], model_path: str | None) -> RolloutSettings:
+def settings_from_env(
+    job: RLJob, sandbox_urls: list[str], model_path: str | None, server_url: str = "http://127.0.0.1:8800"
+) -> RolloutSettings:
     urls = sandbox_urls or [u for u in os.environ.get(env_vars.SANDBOX_URLS, "").split(",") if u]
     token = os.environ.get(env_vars.SANDBOX_TOKEN, "")
     if not urls:
         raise ValueError("no sandbox servers: pass --sandbox-url or set KUBERL_SANDBOX_URLS")
     if not token:
         raise ValueError("no sandbox token: set KUBERL_SANDBOX_TOKEN")
-    return RolloutSettings(job=job, sandbox_urls=urls, sandbox_token=token, model_path=model_path)
+    return RolloutSettings(
+        job=job, sandbox_urls=urls, sandbox_token=token, model_path=model_path, server_url=server_url
+    )

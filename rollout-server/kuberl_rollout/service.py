@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kuberl.api.environment import RewardFunction, Task
 from kuberl.api.rollout_http import GroupInfo
@@ -30,6 +32,13 @@ from kuberl.rewards import task_problem
 from kuberl_rollout.agent import Agent
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
+from kuberl_rollout.sessions import SessionStore
+
+
+class EpisodeRunner(Protocol):
+    """What plays an episode: the built-in `Agent`, or an `ExternalAgent` (spec.environment.agent)."""
+
+    async def run(self, env: SandboxEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory: ...
 
 
 class WorkError(ServiceError):
@@ -84,6 +93,8 @@ class RolloutService:
             raise ValueError("a rollout server needs at least one sandbox server")
         self.boot_id = uuid.uuid4().hex[:12]
         self.agent, self.tasks, self.metrics = agent, tasks, metrics
+        self.runner: EpisodeRunner = agent
+        """What plays the episodes: the built-in agent unless the job names an external one."""
         agent.observe = lambda phase, seconds: metrics.turn_seconds.labels(phase).observe(seconds)
         self.reward_fn, self.intermediate_rewards = reward_fn, intermediate_rewards
         self.process_reward, self.process_weight = process_reward, process_weight
@@ -100,6 +111,11 @@ class RolloutService:
         self._may_start = asyncio.Event()
         self._may_start.set()
         self._idle = asyncio.Condition()
+
+    @functools.cached_property
+    def sessions(self) -> SessionStore:
+        """The recorded sessions (`/v1/sessions`), external agents' included."""
+        return SessionStore(self.agent.chat.tokenizer)
 
     def submit(self, task_id: str | None, task: Task | None, size: int, seed: int | None = None) -> Group:
         """Start `size` episodes of one task as a group."""
@@ -191,7 +207,7 @@ class RolloutService:
                         self.process_weight,
                         session_started=self.metrics.sandbox_session_start_seconds.observe,
                     )
-                    trajectory = await self.agent.run(env, group.task, group.group_id, seed)
+                    trajectory = await self.runner.run(env, group.task, group.group_id, seed)
                 finally:
                     self.metrics.active_sessions.dec()
                     self._running -= 1

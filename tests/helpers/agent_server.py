@@ -1,0 +1,70 @@
+"""A real rollout server (vLLM on CPU, a tiny random Llama like the demo's) whose job names an external agent
+(`helpers.openai_agent:solve`), against a real sandbox: the recorded-session and external-agent tests share
+one (the `agent_server` fixture of tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kuberl.modeling.tiny import build_tiny_model
+from kuberl_sandbox.local import free_port, wait_until_ready
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def agent_server(sandbox: Any, folder: Path) -> Iterator[dict[str, Any]]:
+    """{url, model, job, log}: a rollout server running external-agent episodes and serving recorded sessions."""
+    # its own copy: `make demo` may rebuild runs/models/tiny-llama meanwhile
+    model = build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=3)
+    job = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "external-agent"},
+        "spec": {
+            "model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
+            "environment": {
+                "agent": "helpers.openai_agent:solve",
+                "maxTurns": 6,
+                "maxTokensPerTrajectory": 2048,
+                "turnTimeout": "30s",
+                "trajectoryTimeout": "2m",
+            },
+            "rollout": {
+                "concurrentSessions": 4,
+                "maxTokensPerTurn": 24,
+                "engine": {"maxNumSeqs": 8, "maxModelLen": 2048},
+            },
+        },
+    }
+    (folder / "job.yaml").write_text(yaml.safe_dump(job))
+    port = free_port()
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "KUBERL_SANDBOX_TOKEN": sandbox.token,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    argv = [sys.executable, "-m", "kuberl.cli", "rollout-server", str(folder / "job.yaml")]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--sandbox-url", sandbox.url]
+    log = (folder / "rollout.log").open("w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url + "/readyz", proc, folder / "rollout.log", timeout=240)
+        yield {"url": url, "model": model, "job": job, "log": folder / "rollout.log"}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()

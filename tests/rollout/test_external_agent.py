@@ -1,0 +1,94 @@
+"""External agents (`spec.environment.agent`): an ordinary OpenAI-client loop (tests/helpers/openai_agent.py)
+plays the episodes the learner asks for, its trajectories arrive through the learner's own client and a train
+step takes them; an agent that raises fails its episode, not the server; an entry point that cannot be
+imported is a validation error naming the field."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from kuberl.api.spec import AlgorithmSpec, FsdpSpec
+from kuberl.api.trajectory import Trajectory
+from kuberl.cli import main
+from kuberl.suites.swe_toy import generate
+from kuberl_trainer.algorithms.losses import LossConfig
+from kuberl_trainer.batching import collate, group_advantages
+from kuberl_trainer.policy import load_policy
+from kuberl_trainer.rollout_client import RolloutClient
+from kuberl_trainer.step import predict, train_step
+
+TASK = generate(4, seed=5)[0]
+
+
+def collect(rollout: RolloutClient, group_id: str, count: int, timeout: float = 120.0) -> list[Trajectory]:
+    found: list[Trajectory] = []
+    deadline = time.monotonic() + timeout
+    while len(found) < count and time.monotonic() < deadline:
+        found += [t for t in rollout.collect(wait=2.0).trajectories if t.group_id == group_id]
+    assert len(found) == count, f"{len(found)} of {count} trajectories arrived"
+    return found
+
+
+@pytest.mark.slow
+def test_an_openai_client_loop_trains_through_the_learners_stream(agent_server):
+    rollout = RolloutClient([agent_server["url"]])
+    group = rollout.submit_task(TASK, size=2, seed=1)
+    trajectories = collect(rollout, group.group_id, 2)
+    for t in trajectories:
+        assert (t.error, t.finish_reason, t.history_mismatches, t.task_id) == (None, "submitted", 0, TASK.task_id)
+        assert [turn.tool for turn in t.turns] == ["run_tests"] * 3 and t.resolved is False
+        assert t.final_reward == 0.0 and t.sandbox_session_id and t.timings["environment"] > 0
+
+    # a learner step takes them: the learner's log-probs of the recorded ids are the engine's sampling ones
+    model = load_policy(str(agent_server["model"]), FsdpSpec(activation_checkpointing=False), torch.device("cpu"))
+    collated = collate(trajectories, pad_id=0)
+    collated.batch.advantages = group_advantages(collated, AlgorithmSpec(group_size=2))
+    mask = collated.batch.loss_mask
+    learner = predict(model, collated.batch).logprobs[mask]
+    assert (learner - collated.batch.rollout_logprobs[mask]).abs().max() < 1e-2
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    report = train_step(model, optimizer, collated.batch, LossConfig(), 1.0, 1)
+    assert report.tokens == sum(t.generated_tokens for t in trajectories) and report.skipped == 0
+
+
+@pytest.mark.slow
+def test_an_agent_that_raises_fails_its_episode_and_the_server_serves_on(agent_server):
+    url = agent_server["url"]
+    rollout = RolloutClient([url])
+    crashing = TASK.model_copy(update={"metadata": {**TASK.metadata, "testAgent": "crash"}})
+    group = rollout.submit_task(crashing, size=1, seed=2)
+    (t,) = collect(rollout, group.group_id, 1)
+    assert t.finish_reason == "error" and t.final_reward == 0.0
+    assert t.error == "agent helpers.openai_agent:solve raised RuntimeError: the agent gave up"
+    assert len(t.turns) == 1  # its one model call is kept, for the record
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'kuberl_rollout_trajectories_total{reason="error"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(
+    ("agent", "words"),
+    [
+        ("helpers.no_such_module:solve", "cannot import module 'helpers.no_such_module'"),
+        ("helpers.openai_agent:nowhere", "has no attribute 'nowhere'"),
+        ("helpers.openai_agent:not_async", "must be an async function"),
+    ],
+)
+def test_an_entry_point_that_cannot_be_used_is_a_validation_error(tmp_path, manifest, agent, words):
+    manifest["spec"]["environment"] = {"agent": agent}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 2
+    assert "spec.environment.agent" in result.output and words in result.output
+
+
+def test_a_usable_entry_point_validates(tmp_path, manifest):
+    manifest["spec"]["environment"] = {"agent": "helpers.openai_agent:solve"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    assert CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml")]).exit_code == 0

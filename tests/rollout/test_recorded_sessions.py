@@ -1,0 +1,164 @@
+"""Recorded sessions, driven by the official `openai` client against a real rollout server (vLLM on CPU, a tiny
+Llama): the trajectory of a multi-turn session holds exactly the sampled ids, the history's ids are reused
+rather than re-tokenised, an edited history starts a counted new segment, and closed or unknown sessions are
+refused in OpenAI's error shape with nothing recorded twice."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from kuberl.api.openai_http import ErrorResponse
+from kuberl.api.sessions_http import ClosedSession, CloseSession, OpenSession, SessionInfo
+
+pytestmark = pytest.mark.slow
+SYSTEM = {"role": "system", "content": "You fix bugs."}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(agent_server):
+    return AutoTokenizer.from_pretrained(agent_server["model"])
+
+
+def open_session(url: str, **fields) -> SessionInfo:
+    answer = httpx.post(f"{url}/v1/sessions", json=OpenSession(**fields).wire())
+    assert answer.status_code == 201, answer.text
+    return SessionInfo.model_validate_json(answer.content)
+
+
+def close(url: str, session_id: str, reward: float | None) -> httpx.Response:
+    return httpx.post(f"{url}/v1/sessions/{session_id}/close", json=CloseSession(reward=reward).wire())
+
+
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+
+def ask(llm: openai.OpenAI, messages: list[dict], seed: int, stream: bool = False) -> dict:
+    """One call: {content, ids, logprobs, prompt_ids}, streamed or not."""
+    if not stream:
+        answer = llm.chat.completions.create(model="policy", messages=messages, max_tokens=16, seed=seed)
+        choice = answer.choices[0]
+        logprobs = [t.logprob for t in choice.logprobs.content]
+        return {"content": choice.message.content, "ids": choice.token_ids, "logprobs": logprobs,
+                "prompt_ids": answer.prompt_token_ids}  # fmt: skip
+    chunks = list(llm.chat.completions.create(model="policy", messages=messages, max_tokens=16, seed=seed, stream=True))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    return {
+        "content": "".join(c.delta.content or "" for c in choices),
+        "ids": [i for c in choices for i in c.token_ids],
+        "logprobs": [t.logprob for c in choices if c.logprobs for t in c.logprobs.content],
+        "prompt_ids": chunks[0].prompt_token_ids,
+    }
+
+
+def converse(llm: openai.OpenAI, turns: int, seed: int = 0) -> list[dict]:
+    """A multi-turn conversation, its second call streamed: each answer goes back with an observation."""
+    messages, calls = [SYSTEM, {"role": "user", "content": "Fix calc.py: add() returns a - b."}], []
+    for turn in range(turns):
+        call = ask(llm, messages, seed + turn, stream=turn == 1)
+        calls.append(call)
+        messages += [
+            {"role": "assistant", "content": call["content"]},
+            {"role": "tool", "content": f"FAILED (failures={turn + 1}): test_add"},
+        ]
+    return calls
+
+
+def test_a_multi_turn_session_trains_exactly_the_sampled_ids(agent_server):
+    url = agent_server["url"]
+    session = open_session(url)
+    assert session.base_url == f"{url}/v1/sessions/{session.id}/openai/v1"
+    llm = client(session.base_url)
+    assert [m.id for m in llm.models.list().data] == [str(agent_server["model"])]
+    calls = converse(llm, turns=4)
+
+    answer = close(url, session.id, 1.0)
+    assert answer.status_code == 200, answer.text
+    closed = ClosedSession.model_validate_json(answer.content)
+    t = closed.trajectory
+    assert (closed.session.calls, closed.session.segments, closed.session.history_mismatches) == (4, 1, 0)
+    assert (t.final_reward, t.finish_reason, t.history_mismatches, len(t.turns)) == (1.0, "submitted", 0, 4)
+    for turn, call in zip(t.turns, calls, strict=True):
+        # the ids trained are the ids sampled, with their log-probs; each call saw everything before it as ids
+        assert t.token_ids[turn.start : turn.action_end] == call["ids"]
+        assert t.logprobs[turn.start : turn.action_end] == pytest.approx(call["logprobs"])
+        assert t.token_ids[: turn.start] == call["prompt_ids"]
+    generated = [i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m]
+    assert generated == [i for call in calls for i in call["ids"]]
+    # the prefix of every call after the first came from the previous call's ids: counted
+    reused = sum(len(c["prompt_ids"]) for c in calls[:-1]) + sum(len(c["ids"]) for c in calls[:-1])
+    assert closed.session.reused_tokens == reused
+    total = sum(len(c["prompt_ids"]) for c in calls)
+    assert closed.session.reused_tokens + closed.session.encoded_tokens == total
+    print(f"\nreuse: {reused / total:.1%} of the prompt tokens of a 4-turn session came from earlier calls' ids")
+
+
+def test_an_edited_history_starts_a_new_counted_segment(agent_server):
+    url = agent_server["url"]
+    session = open_session(url, group_id="edited")
+    llm = client(session.base_url)
+    messages = [SYSTEM, {"role": "user", "content": "Fix calc.py."}]
+    first = ask(llm, messages, seed=1)
+    edited = [*messages, {"role": "assistant", "content": "(summarised)"}, {"role": "user", "content": "go on"}]
+    second = ask(llm, edited, seed=2)
+    info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{session.id}").content)
+    assert (info.calls, info.segments, info.history_mismatches, info.reused_tokens) == (2, 2, 1, 0)
+
+    t = ClosedSession.model_validate_json(close(url, session.id, 0.0).content).trajectory
+    assert (t.history_mismatches, t.group_id, len(t.turns)) == (1, "edited", 1)
+    assert t.token_ids == second["prompt_ids"] + second["ids"] and t.prompt_length == len(second["prompt_ids"])
+    assert first["ids"] != t.token_ids[t.prompt_length :]
+    (line,) = [x for x in httpx.get(f"{url}/metrics").text.splitlines() if x.startswith("kuberl_rollout_session_hist")]
+    assert float(line.split()[-1]) >= 1
+
+
+def test_closed_and_unknown_sessions_are_refused_in_openai_shape(agent_server):
+    url = agent_server["url"]
+    session = open_session(url)
+    llm = client(session.base_url)
+    ask(llm, [{"role": "user", "content": "hi"}], seed=3)
+    without_reward = close(url, session.id, None)
+    assert without_reward.status_code == 400 and "reward is required" in without_reward.text
+    assert close(url, session.id, 0.5).status_code == 200
+
+    with pytest.raises(openai.ConflictError, match="is closed"):
+        ask(llm, [{"role": "user", "content": "hi"}], seed=4)
+    again = close(url, session.id, 1.0)
+    assert again.status_code == 409
+    assert ErrorResponse.model_validate_json(again.content).error.code == "session_closed"
+    info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{session.id}").content)
+    assert (info.closed, info.calls) == (True, 1)  # nothing of the refused call or close was recorded
+
+    unknown = close(url, "no-such-session", 1.0)
+    assert unknown.status_code == 404
+    assert ErrorResponse.model_validate_json(unknown.content).error.code == "session_not_found"
+    with pytest.raises(openai.NotFoundError, match="unknown session"):
+        client(f"{url}/v1/sessions/no-such-session/openai/v1").models.list()
+    bad = httpx.post(f"{url}/v1/sessions", json={"taskId": "no-such-task"})
+    assert bad.status_code == 404 and ErrorResponse.model_validate_json(bad.content).error.param == "taskId"
+
+
+def test_recording_costs_little_against_a_plain_completion_call(agent_server):
+    """The same conversations through a session and through /v1/chat/completions (reported, loosely bounded:
+    both are dominated by the engine)."""
+    url = agent_server["url"]
+    messages = [SYSTEM, {"role": "user", "content": "Fix calc.py: add() returns a - b."}]
+    plain = client(f"{url}/v1")
+    timings: dict[str, list[float]] = {"plain": [], "recorded": []}
+    for round_ in range(3):
+        for name, llm in (("plain", plain), ("recorded", client(open_session(url).base_url))):
+            history = list(messages)
+            for turn in range(4):
+                started = time.perf_counter()
+                call = ask(llm, history, seed=100 * round_ + turn)
+                timings[name].append(time.perf_counter() - started)
+                history += [{"role": "assistant", "content": call["content"]}, {"role": "tool", "content": "ok"}]
+    plain_s, recorded_s = statistics.median(timings["plain"]), statistics.median(timings["recorded"])
+    print(f"\nper call (median of 12): plain {plain_s * 1000:.1f} ms, recorded {recorded_s * 1000:.1f} ms")
+    assert recorded_s < plain_s * 1.5 + 0.05
