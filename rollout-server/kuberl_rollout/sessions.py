@@ -3,7 +3,8 @@
 Each call's messages are rendered by the chat template to text. When that text starts with the previous call's
 prompt and completion (as text), the previous ids are reused as they are and only the rest (the new messages
 and the next assistant header) is tokenised and appended: the trained tokens are the sampled ones, never a
-re-tokenisation of their text. A call whose text does not start so (the agent edited or truncated its
+re-tokenisation of their text. The previous completion matches as sampled or as the agent received it (the
+answer's content leaves out special tokens). A call whose text does not start so (the agent edited or truncated its
 history) starts a new segment and is counted; the trajectory holds the last segment.
 """
 
@@ -65,7 +66,8 @@ class RecordedSession:
     started: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Calls of one session are recorded one at a time, in the order they arrive."""
-    _last_text: str = ""
+    _last_texts: tuple[str, ...] = ()
+    """The previous call's prompt and completion as text: exactly as sampled, and as the agent saw it."""
 
     @property
     def task_id(self) -> str:
@@ -74,9 +76,11 @@ class RecordedSession:
     def prompt(self, text: str) -> Prompt:
         """The ids to sample the call whose rendered prompt is `text` from; nothing is recorded yet."""
         current = self.segments[-1] if self.segments else None
-        if current is not None and text.startswith(self._last_text):
-            suffix = self._encode(text[len(self._last_text) :])
-            return Prompt(current.token_ids + suffix, text, False, len(current.token_ids))
+        if current is not None:
+            for previous in self._last_texts:
+                if text.startswith(previous):
+                    suffix = self._encode(text[len(previous) :])
+                    return Prompt(current.token_ids + suffix, text, False, len(current.token_ids))
         return Prompt(self._encode(text), text, True, 0)
 
     def budget(self, prompt: Prompt) -> int | None:
@@ -101,7 +105,16 @@ class RecordedSession:
         start = len(record.token_ids)
         record.add_generated(gen.token_ids, gen.logprobs, gen.versions)
         record.turns.append(Turn(start=start, action_end=len(record.token_ids), end=len(record.token_ids)))
-        self._last_text = prompt.text + self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+        self._last_texts = (prompt.text + self.tokenizer.decode(gen.token_ids, skip_special_tokens=False),)
+        # The answer's content leaves out special tokens: one the model sampled mid-answer is missing from the
+        # message the agent sends back, though it is the same answer (its end-of-message token aside, which
+        # the template writes back)
+        ids, eos = gen.token_ids, self.tokenizer.eos_token_id
+        ended = bool(ids) and ids[-1] == eos
+        visible = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
+        visible += self.tokenizer.decode([eos], skip_special_tokens=False) if ended else ""
+        if prompt.text + visible != self._last_texts[0]:
+            self._last_texts += (prompt.text + visible,)
 
     def reward_last_turn(self, reward: float | None, tool: str) -> None:
         """Attach an environment step to the latest turn: its tool (the turn's first) and intermediate reward

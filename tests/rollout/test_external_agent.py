@@ -5,7 +5,9 @@ imported is a validation error naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,10 +15,16 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from kuberl.api.sessions_http import SessionInfo
 from kuberl.api.spec import AlgorithmSpec, FsdpSpec
 from kuberl.api.trajectory import Trajectory
 from kuberl.cli import main
+from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
+from kuberl_rollout.agent import EpisodeLimits
+from kuberl_rollout.external_agent import EpisodeEnvironment
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
+from kuberl_rollout.sessions import RecordedSession
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.batching import collate, group_advantages
 from kuberl_trainer.policy import load_policy
@@ -24,6 +32,7 @@ from kuberl_trainer.rollout_client import RolloutClient
 from kuberl_trainer.step import predict, train_step
 
 TASK = generate(4, seed=5)[0]
+GETTING_STARTED = Path(__file__).resolve().parents[2] / "docs" / "getting-started.md"
 
 
 def collect(rollout: RolloutClient, group_id: str, count: int, timeout: float = 120.0) -> list[Trajectory]:
@@ -35,11 +44,23 @@ def collect(rollout: RolloutClient, group_id: str, count: int, timeout: float = 
     return found
 
 
+def prompt_tokens(url: str) -> dict[str, float]:
+    """kuberl_rollout_session_prompt_tokens_total by source."""
+    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    found = [line for line in lines if line.startswith("kuberl_rollout_session_prompt_tokens_total{")]
+    return {line.split('"')[1]: float(line.split()[-1]) for line in found}
+
+
 @pytest.mark.slow
 def test_an_openai_client_loop_trains_through_the_learners_stream(agent_server):
     rollout = RolloutClient([agent_server["url"]])
+    before = prompt_tokens(agent_server["url"])
     group = rollout.submit_task(TASK, size=2, seed=1)
     trajectories = collect(rollout, group.group_id, 2)
+    after = prompt_tokens(agent_server["url"])
+    reused, encoded = (after[k] - before[k] for k in ("reused", "encoded"))
+    assert reused > encoded > 0  # three calls an episode: the history's ids came back, the new messages were encoded
+    print(f"\nreuse: {reused / (reused + encoded):.1%} of the prompt tokens of 3-call agent episodes")
     for t in trajectories:
         assert (t.error, t.finish_reason, t.history_mismatches, t.task_id) == (None, "submitted", 0, TASK.task_id)
         assert [turn.tool for turn in t.turns] == ["run_tests"] * 3 and t.resolved is False
@@ -92,3 +113,36 @@ def test_a_usable_entry_point_validates(tmp_path, manifest):
     manifest["spec"]["environment"] = {"agent": "helpers.openai_agent:solve"}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
     assert CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml")]).exit_code == 0
+
+
+def getting_started_agent():
+    """The agent of getting-started's "Train your own agent", as the page shows it."""
+    section = GETTING_STARTED.read_text().split("## 4. Train your own agent")[1]
+    namespace: dict = {}
+    exec(compile(section.split("```python\n")[1].split("```")[0], str(GETTING_STARTED), "exec"), namespace)
+    return namespace["solve"]
+
+
+@pytest.mark.slow
+def test_the_getting_started_agent_plays_an_episode(agent_server, sandbox):
+    solve = getting_started_agent()
+    answer = httpx.post(f"{agent_server['url']}/v1/sessions", json={})
+    session = SessionInfo.model_validate_json(answer.content)
+
+    async def play() -> EpisodeEnvironment:
+        client = SandboxClient(sandbox.url, sandbox.token)
+        env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))
+        observation = await env.reset(TASK)
+        local = RecordedSession("local", TASK, "g", session.base_url, tokenizer=None)  # the turns' tools land here
+        handle = EpisodeEnvironment(env, observation, local, EpisodeLimits())
+        try:
+            await solve(TASK, session.base_url, handle)
+        finally:
+            await env.close()
+            await client.aclose()
+        return handle
+
+    handle = asyncio.run(play())
+    assert handle.done and handle.steps <= 13  # within the default 16 tool calls
+    info = SessionInfo.model_validate_json(httpx.get(f"{agent_server['url']}/v1/sessions/{session.id}").content)
+    assert info.calls >= 1 and info.history_mismatches == 0
