@@ -4,8 +4,8 @@
         PYTHON container_init.py SPEC.json
 
 so it starts as PID 1 of a fresh PID namespace, in a mount and UTS namespace of its own and the pod's network
-namespace. It does what a container runtime does before the entrypoint: mounts the pod's volumes at their
-mount paths (bind mounts, a tmpfs for `medium: Memory`), makes the root filesystem read-only when the
+namespace. It does what a container runtime does before the entrypoint: mounts a fresh /run and the pod's
+volumes at their mount paths (bind mounts, a tmpfs for `medium: Memory`), makes the root filesystem read-only when the
 container asks for it, sets the hostname, drops to the container's user and groups, and execs the command
 (PID 1 stays the container's process, as in a container: SIGTERM reaches it only if it handles it).
 """
@@ -31,7 +31,12 @@ def main(spec_file: str) -> None:
         mount("-t", "tmpfs", "-o", "mode=755,size=1m", "tmpfs", parent)
         os.mkdir(path)
         mount("--bind", exposed["staging"], path)
+    # /run is the image's (empty but for /run/lock), not the node's: run-time state a container finds there
+    # would otherwise be whatever this machine's other programs left
+    mount("-t", "tmpfs", "-o", "mode=755,size=16m", "tmpfs", "/run")
+    os.makedirs("/run/lock", mode=0o1777)
     for m in spec["mounts"]:
+        os.makedirs(m["target"], exist_ok=True)
         if m.get("tmpfs"):
             mount("-t", "tmpfs", "-o", "mode=1777,size=512m", "tmpfs", m["target"])
             continue
@@ -40,6 +45,7 @@ def main(spec_file: str) -> None:
             mount("-o", "remount,bind,ro", m["target"])
     if spec.get("readOnlyRoot"):
         mount("-o", "remount,bind,ro", "/")
+        mount("-o", "remount,ro", "/run")
     with open("/proc/sys/kernel/hostname", "w") as f:
         f.write(spec["hostname"])
     os.chdir(spec.get("workdir") or "/")

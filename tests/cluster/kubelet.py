@@ -103,6 +103,11 @@ def field_value(pod: dict[str, Any], path: str) -> str:
     raise ValueError(f"fieldRef {path!r} is not supported by the test node")
 
 
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def _probe_ok(probe: dict[str, Any], address: str, ports: dict[str, int]) -> bool:
     get = probe.get("httpGet")
     if get is None:
@@ -290,7 +295,8 @@ class PodRunner:
             mounts.append({"source": str(self.volumes["kube-api-access"][0]), "target": SERVICE_ACCOUNT_DIR})
             mounts[-1]["readOnly"] = True
         for m in mounts:
-            self.agent.mount_point(m["target"])
+            if not m["target"].startswith(("/run/", "/var/run/")):  # those are made in the container's /run
+                self.agent.mount_point(m["target"])
         expose = []
         if uid != 0:
             staging = self.dir / "interpreter"
@@ -712,38 +718,40 @@ class NodeAgent:
             "127.0.0.1 localhost",
             f"{self.gateway} kubernetes.default.svc.cluster.local kubernetes.default.svc kubernetes.default kubernetes",
         ]
-        running = [p for p in pods if (p.get("status") or {}).get("podIP")]
-        for pod in running:
-            meta, spec = pod["metadata"], pod.get("spec") or {}
-            if spec.get("hostname") and spec.get("subdomain"):
-                name = f"{spec['hostname']}.{spec['subdomain']}.{meta['namespace']}"
-                lines.append(f"{pod['status']['podIP']} {name}.svc.cluster.local {name}.svc {name}")
+        running = [
+            p for p in pods if (p.get("status") or {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
+        ]
         for service in services:
             meta, spec = service["metadata"], service.get("spec") or {}
             selector = spec.get("selector") or {}
             if not selector:
                 continue
-            chosen = [
-                p
-                for p in running
-                if p["metadata"]["namespace"] == meta["namespace"]
-                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-                and not p["metadata"].get("deletionTimestamp")
-                and (
-                    spec.get("publishNotReadyAddresses")
-                    or any(
-                        c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in p["status"].get("conditions") or []
-                    )
-                )
-            ]
+            # the Service's endpoints: ready pods, or every pod when it publishes not-ready addresses
+            endpoints = sorted(
+                (
+                    p
+                    for p in running
+                    if p["metadata"]["namespace"] == meta["namespace"]
+                    and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                    and (spec.get("publishNotReadyAddresses") or _ready(p))
+                ),
+                key=lambda p: p["metadata"]["name"],
+            )
             name = f"{meta['name']}.{meta['namespace']}"
-            for pod in sorted(chosen, key=lambda p: p["metadata"]["name"])[:1]:  # no VIP: one endpoint
+            headless = spec.get("clusterIP") == "None"
+            for pod in endpoints if headless else endpoints[:1]:  # no virtual IP: one endpoint
                 lines.append(f"{pod['status']['podIP']} {name}.svc.cluster.local {name}.svc {name}")
+            for pod in endpoints if headless else []:  # a headless Service's per-pod names
+                pod_spec = pod.get("spec") or {}
+                if pod_spec.get("hostname") and pod_spec.get("subdomain") == meta["name"]:
+                    host = f"{pod_spec['hostname']}.{name}"
+                    lines.append(f"{pod['status']['podIP']} {host}.svc.cluster.local {host}.svc {host}")
         for runner in list(self.pods.values()):
             if runner.netns is None:
                 continue
             own = runner.spec.get("hostname") or runner.name
+            if runner.spec.get("subdomain"):  # the kubelet's own entry: FQDN and hostname
+                own = f"{own}.{runner.spec['subdomain']}.{runner.namespace}.svc.cluster.local {own}"
             local = [line for line in lines if line.endswith(f".{runner.namespace}")]
             short = [f"{line.split()[0]} {line.rsplit(' ', 1)[1].rsplit('.', 1)[0]}" for line in local]
             text = "\n".join([*lines, *short, f"{runner.address} {own}", ""])

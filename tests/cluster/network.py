@@ -87,7 +87,7 @@ class NodeNetwork:
         self.prefix = "krl" + uuid.uuid4().hex[:6]
         self.bridge = self.prefix + "br"
         self.workdir = workdir
-        self.namespaces: set[str] = set()
+        self.namespaces: dict[str, str] = {}  # pod namespace -> the host's end of its veth pair
         self.free = list(range(2, 255))
         self.relays: Relays | None = None
         third = random.choice(sorted(set(range(100, 250)) - _used_subnets()))
@@ -125,7 +125,7 @@ class NodeNetwork:
         """A namespace with eth0 on the bridge; (namespace name, pod IP)."""
         name, host_end = f"{self.prefix}-{index}", f"{self.prefix}v{index}"
         address = str(self.subnet.network_address + self.free.pop(0))
-        self.namespaces.add(name)
+        self.namespaces[name] = host_end
         Path(f"/etc/netns/{name}").mkdir(parents=True, exist_ok=True)
         Path(f"/etc/netns/{name}/hosts").write_text("127.0.0.1 localhost\n")
         # nothing answers DNS: a name not in the hosts file fails at once instead of timing out
@@ -152,15 +152,19 @@ class NodeNetwork:
             f.truncate()
 
     def remove_pod(self, namespace: str, address: str) -> None:
-        ip("netns", "del", namespace, check=False)  # its end of the veth pair goes with it
-        shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
-        self.namespaces.discard(namespace)
+        self._remove(namespace)
         self.free.append(int(address.rsplit(".", 1)[1]))
+
+    def _remove(self, namespace: str) -> None:
+        # The veth pair first: a namespace outlives `ip netns del` while another program's mount namespace,
+        # made meanwhile, holds a copy of its /run/netns mount; deleting one end removes both.
+        ip("link", "del", self.namespaces.pop(namespace, ""), check=False)
+        ip("netns", "del", namespace, check=False)
+        shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
 
     def close(self) -> None:
         if self.relays is not None:
             self.relays.close()
         for name in list(self.namespaces):
-            ip("netns", "del", name, check=False)
-            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+            self._remove(name)
         ip("link", "del", self.bridge, check=False)

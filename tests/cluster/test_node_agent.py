@@ -127,11 +127,11 @@ def ready(api: Api, name: str) -> bool:
 def test_a_pod_runs_with_its_volumes_environment_user_and_address(node):
     api, agent = node
     api.post(PODS, server_pod("web"))
-    ip = wait_for("web's pod IP", lambda: pod_status(api, "web").get("podIP"), 30)
+    ip = wait_for("web's pod IP", lambda: pod_status(api, "web").get("podIP"), 60)
     assert ip.startswith(agent.gateway.rsplit(".", 1)[0] + ".")
     base = f"http://{ip}:8080"
-    wait_for("web running", lambda: pod_status(api, "web").get("phase") == "Running", 30)
-    wait_for("web serving", lambda: try_get(f"{base}/env/MY_NAME"), 30)
+    wait_for("web running", lambda: pod_status(api, "web").get("phase") == "Running", 60)
+    wait_for("web serving", lambda: try_get(f"{base}/env/MY_NAME"), 60)
     assert not ready(api, "web")  # its readiness probe fails until /tmp/ready exists
     assert get(f"{base}/file/etc/demo/hello.txt") == "hi"
     assert get(f"{base}/env/MY_NAME") == "web"
@@ -144,7 +144,7 @@ def test_a_pod_runs_with_its_volumes_environment_user_and_address(node):
     assert get(f"{base}/write/tmp/ready") == "written"  # an emptyDir is writable
     with pytest.raises(urllib.error.HTTPError):  # the root filesystem is read-only
         get(f"{base}/write/var/x")
-    wait_for("web ready", lambda: ready(api, "web"), 10)
+    wait_for("web ready", lambda: ready(api, "web"), 30)
     status = pod_status(api, "web")["containerStatuses"][0]
     assert status["ready"] and status["restartCount"] == 0 and "running" in status["state"]
 
@@ -152,14 +152,22 @@ def test_a_pod_runs_with_its_volumes_environment_user_and_address(node):
 def test_pods_reach_each_other_by_service_and_headless_names(node):
     api, _ = node
     api.post(f"/api/v1/namespaces/{NS}/services", {"metadata": meta("web"), "spec": {"selector": {"app": "web"}}})
-    api.post(f"/api/v1/namespaces/{NS}/services", {"metadata": meta("peers"), "spec": {"clusterIP": "None"}})
+    api.post(
+        f"/api/v1/namespaces/{NS}/services",
+        {"metadata": meta("peers"), "spec": {"clusterIP": "None", "selector": {"app": "client"}}},
+    )
     api.post(PODS, server_pod("client", hostname="client-0", subdomain="peers"))
-    wait_for("client ready", lambda: pod_status(api, "client").get("podIP") and get_ok(api, "client"), 30)
+    wait_for("client ready", lambda: pod_status(api, "client").get("podIP") and get_ok(api, "client"), 60)
     web_ip, client_ip = pod_status(api, "web")["podIP"], pod_status(api, "client")["podIP"]
     base = f"http://{client_ip}:8080"
+    # a headless Service names only ready pods (it does not publish not-ready addresses)
+    assert try_get(f"{base}/resolve/client-0.peers.default.svc") is None  # 500: the name does not resolve
+    get(f"{base}/write/tmp/ready")
+    wait_for("client ready", lambda: ready(api, "client"), 30)
     assert wait_for("web's name", lambda: try_get(f"{base}/resolve/web.default.svc"), 10) == web_ip
     assert get(f"{base}/resolve/web.default.svc.cluster.local") == web_ip
-    assert get(f"{base}/resolve/client-0.peers.default.svc") == client_ip
+    name = "client-0.peers.default.svc"
+    assert wait_for("client's own name", lambda: try_get(f"{base}/resolve/{name}"), 10) == client_ip
     assert get(f"{base}/resolve/kubernetes.default.svc") == node[1].gateway
 
 
@@ -187,18 +195,18 @@ def test_a_failing_container_restarts_and_its_restarts_are_counted(node):
         PODS,
         server_pod("once", restartPolicy="Never", container={"command": ["python", "-c", "import sys; sys.exit(3)"]}),
     )
-    wait_for("once Failed", lambda: pod_status(api, "once").get("phase") == "Failed", 30)
+    wait_for("once Failed", lambda: pod_status(api, "once").get("phase") == "Failed", 60)
 
 
 def test_deletion_runs_pre_stop_then_sigterm_and_removes_the_pod(node):
     api, _ = node
     hook = {"preStop": {"exec": {"command": ["python", "-c", "open('/log/events', 'a').write('PRESTOP\\n')"]}}}
     api.post(PODS, server_pod("graceful", container={"lifecycle": hook}, terminationGracePeriodSeconds=10))
-    wait_for("graceful running", lambda: get_ok(api, "graceful") if pod_status(api, "graceful").get("podIP") else 0, 30)
+    wait_for("graceful running", lambda: get_ok(api, "graceful") if pod_status(api, "graceful").get("podIP") else 0, 60)
     assert FINALIZER in api.get(f"{PODS}/graceful")["metadata"]["finalizers"]
     api.delete(f"{PODS}/graceful")
     assert api.get(f"{PODS}/graceful")["metadata"].get("deletionTimestamp")  # terminating, not gone
-    wait_for("graceful gone", lambda: api.get(f"{PODS}/graceful") is None, 20)
+    wait_for("graceful gone", lambda: api.get(f"{PODS}/graceful") is None, 60)
     # the events file lived in the pod's emptyDir: the agent's folder for it still holds it
     events = next(node[1].workdir.glob("pods/default_graceful_*/volumes/log/events")).read_text().split()
     assert events[0] == "PRESTOP" and events[1] == "TERM"
@@ -220,12 +228,12 @@ def test_a_stateful_set_keeps_its_pods_by_ordinal_and_replaces_a_deleted_one(nod
     }
     api.post(f"/apis/apps/v1/namespaces/{NS}/statefulsets", sts)
     names = {"db-0", "db-1"}
-    wait_for("two pods", lambda: {p["metadata"]["name"] for p in api.items(PODS)} >= names, 20)
+    wait_for("two pods", lambda: {p["metadata"]["name"] for p in api.items(PODS)} >= names, 60)
     first_uid = api.get(f"{PODS}/db-1")["metadata"]["uid"]
     assert api.get(f"{PODS}/db-1")["spec"]["hostname"] == "db-1"
     api.delete(f"{PODS}/db-1")
-    wait_for("db-1 replaced", lambda: uid_of(api, "db-1") not in (None, first_uid), 30)
+    wait_for("db-1 replaced", lambda: uid_of(api, "db-1") not in (None, first_uid), 60)
     api.patch(f"/apis/apps/v1/namespaces/{NS}/statefulsets/db", {"spec": {"replicas": 1}})
-    wait_for("db-1 gone", lambda: api.get(f"{PODS}/db-1") is None, 30)
+    wait_for("db-1 gone", lambda: api.get(f"{PODS}/db-1") is None, 60)
     sts_path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/db"
-    wait_for("the StatefulSet's status", lambda: (api.get(sts_path).get("status") or {}).get("replicas") == 1, 10)
+    wait_for("the StatefulSet's status", lambda: (api.get(sts_path).get("status") or {}).get("replicas") == 1, 30)
