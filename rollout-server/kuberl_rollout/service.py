@@ -228,7 +228,8 @@ class RolloutService:
         group.failed += trajectory.error is not None
         group.undelivered += 1
         self.metrics.trajectories.labels(str(trajectory.finish_reason)).inc()
-        self.metrics.generated_tokens.inc(trajectory.generated_tokens)
+        if self.runner is self.agent:  # an external agent's calls were counted as the session served them
+            self.metrics.generated_tokens.inc(trajectory.generated_tokens)
         self._outbox.append(trajectory)
         self._arrived.set()
 

@@ -44,21 +44,23 @@ def collect(rollout: RolloutClient, group_id: str, count: int, timeout: float = 
     return found
 
 
-def prompt_tokens(url: str) -> dict[str, float]:
-    """kuberl_rollout_session_prompt_tokens_total by source."""
+def counters(url: str) -> dict[str, float]:
+    """The session prompt tokens by source (`reused`, `encoded`) and the `generated` tokens, from /metrics."""
     lines = httpx.get(f"{url}/metrics").text.splitlines()
     found = [line for line in lines if line.startswith("kuberl_rollout_session_prompt_tokens_total{")]
-    return {line.split('"')[1]: float(line.split()[-1]) for line in found}
+    (generated,) = [line for line in lines if line.startswith("kuberl_rollout_generated_tokens_total ")]
+    return {line.split('"')[1]: float(line.split()[-1]) for line in found} | {"generated": float(generated.split()[-1])}
 
 
 @pytest.mark.slow
 def test_an_openai_client_loop_trains_through_the_learners_stream(agent_server):
     rollout = RolloutClient([agent_server["url"]])
-    before = prompt_tokens(agent_server["url"])
+    before = counters(agent_server["url"])
     group = rollout.submit_task(TASK, size=2, seed=1)
     trajectories = collect(rollout, group.group_id, 2)
-    after = prompt_tokens(agent_server["url"])
-    reused, encoded = (after[k] - before[k] for k in ("reused", "encoded"))
+    after = counters(agent_server["url"])
+    reused, encoded, generated = (after[k] - before[k] for k in ("reused", "encoded", "generated"))
+    assert generated == sum(t.generated_tokens for t in trajectories)  # counted once
     assert reused > encoded > 0  # three calls an episode: the history's ids came back, the new messages were encoded
     print(f"\nreuse: {reused / (reused + encoded):.1%} of the prompt tokens of 3-call agent episodes")
     for t in trajectories:
