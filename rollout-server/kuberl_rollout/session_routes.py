@@ -57,7 +57,8 @@ async def close(session_id: str, body: CloseSession, s: State) -> ClosedSession:
             raise OpenAIError(400, "reward is required: this session belongs to no episode to score", "reward")
         session.reward = body.reward
         info = store.close(session)
-        fallback = s.service.agent.chat.prompt_ids([{"role": "user", "content": session.task_id}])
+        task_prompt = session.task.prompt if session.task is not None else ""  # for a session without calls
+        fallback = s.service.agent.chat.prompt_ids([{"role": "user", "content": task_prompt}])
         # an episode's trajectory is delivered (and scored, without a reward) when its agent returns
         trajectory = session.trajectory(body.reward or 0.0, FinishReason.SUBMITTED, fallback)
     return ClosedSession(session=info, trajectory=trajectory)

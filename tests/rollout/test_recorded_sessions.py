@@ -140,6 +140,8 @@ def test_closed_and_unknown_sessions_are_refused_in_openai_shape(agent_server):
     assert ErrorResponse.model_validate_json(unknown.content).error.code == "session_not_found"
     with pytest.raises(openai.NotFoundError, match="unknown session"):
         client(f"{url}/v1/sessions/no-such-session/openai/v1").models.list()
+    idle = ClosedSession.model_validate_json(close(url, open_session(url).id, 0.0).content)
+    assert idle.session.calls == 0 and idle.trajectory.generated_tokens == 0  # a prompt alone, nothing to train
     bad = httpx.post(f"{url}/v1/sessions", json={"taskId": "no-such-task"})
     assert bad.status_code == 404 and ErrorResponse.model_validate_json(bad.content).error.param == "taskId"
 
