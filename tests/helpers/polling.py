@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
     """Poll until `check` returns something truthy and return it; AssertionError naming `what` at `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if result := check():
             return result
-        time.sleep(0.2)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")

@@ -11,10 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from conftest import REPO
+from helpers.polling import wait_for
 from helpers.tiny_job import tiny_job_spec
+from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.api.rljob import RLJob
 from kuberl.local.progress import ProgressPrinter
@@ -45,6 +48,24 @@ def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+IN_FLIGHT = {
+    "rollout-0": ("kuberl_rollout_active_sessions", "kuberl_rollout_queued_trajectories"),
+    "sandbox-0": ("kuberl_sandbox_sessions_open",),
+}
+"""The gauges that say a server holds episodes: killed with none, it would have nothing to lose."""
+
+
+def _holds_episodes(run_dir: Path, pod: str) -> bool:
+    targets = json.loads((run_dir / "prometheus_targets.json").read_text())
+    address = next(t["targets"][0] for t in targets if t["labels"]["pod"] == pod)
+    try:
+        text = httpx.get(f"http://{address}/metrics", timeout=1).text
+    except httpx.HTTPError:
+        return False
+    gauges = IN_FLIGHT[pod]
+    return any(s.value > 0 for f in text_string_to_metric_families(text) if f.name in gauges for s in f.samples)
+
+
 def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
     rl_job, path = job("faults", model, tmp_path, training={"totalSteps": 8}, checkpoint={"intervalSteps": 2})
     killed: dict[str, float] = {}
@@ -52,6 +73,10 @@ def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
     def inject(line: dict, supervisor) -> None:
         for step, name in ((2, "rollout-0"), (4, "sandbox-0"), (6, "learner")):
             if line["step"] == step and name not in killed:
+                if name in IN_FLIGHT:  # steps of this tiny job take a fraction of a second: kill mid-wave
+                    wait_for(
+                        f"{name} to hold episodes", lambda pod=name: _holds_episodes(tmp_path / "run", pod), 30, 0.005
+                    )
                 killed[name] = time.time()
                 supervisor.kill(name)
 
