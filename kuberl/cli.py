@@ -187,6 +187,7 @@ def operator_command(
     Configuration: the KUBERL_OPERATOR_* variables the chart sets, then these flags."""
     import dataclasses
     import os
+    import socket
 
     import kopf
 
@@ -198,8 +199,12 @@ def operator_command(
         config = dataclasses.replace(config, metrics_port=metrics_port)
     # as `kopf run` logs: a job's lines start with [namespace/name] (operators and benchmarks read them)
     kopf.configure(verbose=verbose, log_prefix=True)
+    # kopf names itself after the login user unless told otherwise, and the images' user (65532) has no
+    # passwd entry: getpass would fail the operator pod at start
+    identity = os.environ.get("POD_ID") or f"kuberl-operator@{socket.gethostname()}"
     kopf.run(
         registry=register(config),
+        identity=identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,

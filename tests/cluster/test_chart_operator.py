@@ -1,0 +1,67 @@
+"""The operator as the Helm chart deploys it: `helm template | kubectl apply`, the node agent runs the
+operator's Deployment as a pod (uid 65532, read-only root filesystem, in-cluster credentials over TLS), its
+probes pass, and it reconciles a job applied with kubectl."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cluster.kubelet import NodeAgent
+from conftest import BIN, REPO
+from helpers.emulator import Api, emulated_api_server
+from helpers.kubectl import KUBECTL, Kubectl
+from helpers.polling import wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed"),
+    pytest.mark.skipif(not (BIN / "helm").exists(), reason="helm is not installed (make install)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (network and mount namespaces)"),
+]
+
+SYSTEM = "kuberl-system"
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[tuple[Api, Kubectl, NodeAgent]]:
+    with emulated_api_server() as url, NodeAgent(url, tmp_path / "node") as node:
+        try:
+            yield Api(url), Kubectl(url, tmp_path, "default"), node
+        finally:
+            for log in sorted((tmp_path / "node" / "logs").glob("*.log")):  # for a failure's report
+                print(f"==> {log.name}\n{log.read_text()[-3000:]}")
+        assert not node.errors, node.errors
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def test_the_charts_operator_pod_starts_and_reconciles_a_job(cluster):
+    api, kubectl, _ = cluster
+    rendered = subprocess.run(
+        [str(BIN / "helm"), "template", "kuberl", str(REPO / "charts" / "kuberl"), "--namespace", SYSTEM],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kubectl("apply", "-f", "-", stdin=rendered)
+    pods = f"/api/v1/namespaces/{SYSTEM}/pods"
+    (pod,) = wait_for("the operator pod ready", lambda: [p for p in api.items(pods) if ready(p)], 120)
+    status = pod["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 0, json.dumps(status)
+
+    job = (REPO / "examples" / "minimal.yaml").read_text() + "  suspend: true\n"  # children, but no pods
+    kubectl("apply", "-f", "-", stdin=job)
+    rljob = "/apis/kuberl.io/v1alpha1/namespaces/default/rljobs/minimal"
+    wait_for("minimal Suspended", lambda: ((api.get(rljob) or {}).get("status") or {}).get("phase") == "Suspended", 60)
+    assert {s["metadata"]["name"] for s in api.items("/apis/apps/v1/namespaces/default/statefulsets")} == {
+        "minimal-learner",
+        "minimal-rollout",
+    }
