@@ -27,9 +27,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -186,7 +188,7 @@ class PodRunner:
         meta = pod["metadata"]
         self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
         self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
-        self.dir = agent.workdir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
+        self.dir = agent.pods_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         self.spec = pod["spec"]
         self.containers = [Container(c) for c in self.spec["containers"]]
         self.netns: str | None = None
@@ -575,6 +577,9 @@ class NodeAgent:
         self.api_port = int(api_url.rstrip("/").rsplit(":", 1)[1])
         self.workdir = workdir
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        # the pods' volumes, outside /tmp: a container's /tmp volume would hide a source folder under /tmp
+        # from the mounts that follow it (removed by close)
+        self.pods_dir = Path(tempfile.mkdtemp(prefix="kuberl-node-", dir="/var/tmp"))
         self.network = NodeNetwork(workdir)
         self.host_ports = host_ports
         self.extra_env = extra_env or {}
@@ -600,6 +605,7 @@ class NodeAgent:
             self.network.relay(443, self.api_port, context)
             for port in self.host_ports:
                 self.network.relay(port, port)
+            self.register_node()
             self.thread.start()
         except BaseException:
             self.close()
@@ -618,9 +624,24 @@ class NodeAgent:
         for runner in list(self.pods.values()):
             runner.done.wait(30)
         self.network.close()
+        shutil.rmtree(self.pods_dir, ignore_errors=True)
         for path in reversed(self.created_dirs):
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+    def register_node(self) -> None:
+        """The Node object a kubelet registers: ready, on-demand, addressed at the bridge."""
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE_NAME, "labels": {"kubernetes.io/hostname": NODE_NAME}},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": self.gateway}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+        if self.api.get(f"/api/v1/nodes/{NODE_NAME}") is None:
+            self.api.post("/api/v1/nodes", node)
 
     def next_index(self) -> int:
         with self.lock:

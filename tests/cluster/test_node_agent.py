@@ -208,7 +208,7 @@ def test_deletion_runs_pre_stop_then_sigterm_and_removes_the_pod(node):
     assert api.get(f"{PODS}/graceful")["metadata"].get("deletionTimestamp")  # terminating, not gone
     wait_for("graceful gone", lambda: api.get(f"{PODS}/graceful") is None, 60)
     # the events file lived in the pod's emptyDir: the agent's folder for it still holds it
-    events = next(node[1].workdir.glob("pods/default_graceful_*/volumes/log/events")).read_text().split()
+    events = next(node[1].pods_dir.glob("default_graceful_*/volumes/log/events")).read_text().split()
     assert events[0] == "PRESTOP" and events[1] == "TERM"
 
 
