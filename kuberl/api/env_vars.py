@@ -22,6 +22,23 @@ SANDBOX_ALLOW_SHARED_USER = "KUBERL_SANDBOX_ALLOW_SHARED_USER"
 SANDBOX_URLS = "KUBERL_SANDBOX_URLS"
 """Comma-separated sandbox server addresses the rollout server opens sessions on."""
 
+# --- vLLM's CPU engine in the rollout server
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+VLLM_CPU_OMP_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_engine_threads(threads: int) -> dict[str, str]:
+    """The environment that gives vLLM's CPU engine `threads` OpenMP threads, unpinned.
+
+    Left to itself the engine binds one thread per core it can see: both cores of a 2-core machine that the
+    learner and the sandboxes share, or every core of the node in a pod without a static CPU policy. For a
+    small model the second thread mostly spin-waits between tiny kernels: measured on the demo's model, the
+    engine took 41 of 60 CPU-seconds with two threads and 16 of 45 with one, and the demo's 12-group waves
+    went from 13-18 s to 8-10 s (docs/getting-started.md).
+    """
+    return {VLLM_CPU_OMP_THREADS_BIND: "nobind", OMP_NUM_THREADS: str(max(1, threads))}
+
+
 # --- the learner (set by the operator's learner pods and by `kuberl run`)
 JOB_NAME = "KUBERL_JOB_NAME"
 """The RLJob the learner reports its status into."""

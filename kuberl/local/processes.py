@@ -91,7 +91,9 @@ def plan(
             model_path,
             *(a for url in sandbox_urls for a in ("--sandbox-url", url)),
         ]
-        env = {**token, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        # the engines share the machine with the learner: each gets its share of the cores as threads
+        threads = env_vars.cpu_engine_threads(cpus // (len(ports.rollouts) + 1))
+        env = {**token, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
         out.append(
             ProcessSpec(
                 f"rollout-{i}",
@@ -120,7 +122,7 @@ def plan(
         argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
     else:
         argv = [*python, *tail]
-    env = {"OMP_NUM_THREADS": str(max(1, cpus // ranks)), "HF_HUB_OFFLINE": "1"}
+    env = {env_vars.OMP_NUM_THREADS: str(max(1, cpus // ranks)), "HF_HUB_OFFLINE": "1"}
     out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log"))
     return out
 

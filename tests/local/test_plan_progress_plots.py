@@ -53,6 +53,15 @@ def test_several_learner_ranks_run_under_torchrun_and_share_the_cores():
     assert processes()[-1].argv[1:3] == ["-m", "kuberl.cli"]  # one rank: plain python
 
 
+def test_each_vllm_engine_gets_its_share_of_the_cores_as_unpinned_threads():
+    # vLLM's own default binds a thread per visible core; on 2 shared cores the second one spin-waits
+    engines = [s for s in processes() if s.tier == "rollout"]
+    assert [(s.env["OMP_NUM_THREADS"], s.env["VLLM_CPU_OMP_THREADS_BIND"]) for s in engines] == [("1", "nobind")] * 2
+    job = RLJob.from_manifest(with_spec())
+    wide = plan(job, Path("j.yaml"), Path("r"), "/m", Ports([1], [2], 3), "t", Path("/tmp/s"), cpus=16)
+    assert [s.env.get("OMP_NUM_THREADS") for s in wide] == [None, "8", "16"]
+
+
 LINE = {"step": 12, "reward_mean": 0.4123, "solve_rate": 0.375, "tokens_per_s": 2103.4, "staleness_mean": 0.5}
 
 
