@@ -163,7 +163,8 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     learner = pod(api, "e2e-learner-0")["status"]["containerStatuses"][0]
     assert learner["restartCount"] == 0
 
-    # the checkpoint the status names is complete in S3; the policy export is in the learner's run folder
+    # the checkpoint the status names is complete in S3, and the trained policy is exported beside it (the
+    # learner's run folder is an emptyDir, gone with its pod when the operator scales the job to zero)
     checkpoint = final["lastCheckpoint"]
     assert (checkpoint["step"], checkpoint["uri"]) == (STEPS, "s3://checkpoints/e2e")
     for key, value in {
@@ -174,9 +175,13 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
         monkeypatch.setenv(key, value)
     from kuberl_trainer.checkpoints.store import CheckpointStore
 
-    assert STEPS in [m.step for m in CheckpointStore(checkpoint["uri"]).complete()]
-    (export,) = (folder / "node" / "pods").glob("default_e2e-learner-0_*/volumes/run/run/policy/model.safetensors")
-    assert export.stat().st_size > 0
+    store = CheckpointStore(checkpoint["uri"])
+    assert STEPS in [m.step for m in store.complete()]
+    assert store.backend.list_files("policy")["model.safetensors"] > 0
+    assert (
+        '"policy": "s3://checkpoints/e2e/policy"'
+        in (folder / "node" / "logs" / f"{NS}_e2e-learner-0_learner.log").read_text()
+    )
 
     (row,) = [r for r in table_rows(kubectl("get", "rlj")) if r["NAME"] == "e2e"]
     assert (row["PHASE"], row["STEP"]) == ("Succeeded", str(STEPS))

@@ -95,3 +95,16 @@ def test_bad_uris_and_credentials_get_clear_errors(s3, tmp_path, monkeypatch):
 
 def test_an_empty_store_has_nothing_to_resume(store):
     assert store.newest() is None and store.prune(keep=1) == []
+
+
+def test_a_policy_export_is_stored_beside_the_checkpoints_and_never_taken_for_one(store, tmp_path):
+    export = tmp_path / "policy"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"weights")
+    (export / "config.json").write_text("{}")
+    store.save(5, policy_version=5, folder=state_folder(tmp_path, 5))
+    uri = store.upload_export(export)
+    assert uri == f"{store.uri}/policy"
+    assert store.backend.list_files("policy") == {"config.json": 2, "model.safetensors": 7}
+    assert [m.step for m in store.complete()] == [5]
+    assert store.prune(keep=1) == []

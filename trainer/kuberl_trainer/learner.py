@@ -222,6 +222,8 @@ def run_learner(
     checkpointer.wait()
     # the trained policy as a Hugging Face folder (what users load or serve; the checkpoint is for resuming)
     exported = export_policy(model, model_path, run_dir / "policy", rank)
+    if driver and exported is not None and store.uri.startswith("s3://"):
+        exported = store.upload_export(exported)  # the run folder is lost with the pod
     if driver:
         driver.publisher.wait()
         if checkpointer.last_complete:

@@ -23,6 +23,7 @@ from typing import Protocol
 from urllib.parse import unquote, urlparse
 
 MANIFEST = "MANIFEST.json"
+EXPORT_DIR = "policy"  # the trained policy as a Hugging Face folder, for users (not read on resume)
 _STEP = re.compile(r"^step-(\d{8})$")
 
 
@@ -186,6 +187,14 @@ class CheckpointStore:
         manifest = Manifest(step, policy_version, time.time(), files)
         self._guard(lambda: self.backend.write(f"{self.directory(step)}/{MANIFEST}", manifest.to_json().encode()))
         return manifest
+
+    def upload_export(self, folder: Path) -> str:
+        """Upload a policy export (a Hugging Face folder) under `policy/`, beside the checkpoints, and return
+        its URI: in a cluster the learner's run folder is an emptyDir that goes with its pod."""
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            name = str(path.relative_to(folder))
+            self._guard(lambda n=name, p=path: self.backend.put(f"{EXPORT_DIR}/{n}", p))
+        return f"{self.uri.rstrip('/')}/{EXPORT_DIR}"
 
     def complete(self) -> list[Manifest]:
         """Every complete checkpoint, oldest first."""
