@@ -39,6 +39,12 @@ class SandboxMetrics:
         self.truncated = Counter(
             "kuberl_sandbox_command_output_truncated_total", "Commands killed for exceeding the output cap.", registry=r
         )
+        self.cached_test_runs = Counter(
+            "kuberl_sandbox_test_runs_cached_total",
+            "Test runs answered with the outcome of an earlier run on byte-identical files (no process started).",
+            ["kind"],
+            registry=r,
+        )
         self.errors = Counter("kuberl_sandbox_errors_total", "Requests answered with an error.", ["reason"], registry=r)
         self.tampering = Counter(
             "kuberl_sandbox_tampering_total",
@@ -51,6 +57,8 @@ class SandboxMetrics:
             self.commands.labels(kind)
             self.command_seconds.labels(kind)
             self.timeouts.labels(kind)
+        for kind in COMMAND_KINDS[1:]:
+            self.cached_test_runs.labels(kind)
         for status in ERROR_STATUSES:
             self.errors.labels(status)
         for reason in TamperingReason:
@@ -63,6 +71,10 @@ class SandboxMetrics:
             self.timeouts.labels(kind).inc()
         if result.truncated:
             self.truncated.inc()
+
+    def observe_cached_test_run(self, kind: str) -> None:
+        """A test run of `kind` (tests or hidden_tests) served from the outcome cache."""
+        self.cached_test_runs.labels(kind).inc()
 
     def observe_tampering(self, reason: str) -> None:
         """A test report the sandbox judged forged or broken; `reason` is a TamperingReason value."""

@@ -27,6 +27,7 @@ from kuberl_sandbox import hardened, oracle, snapshots, uids
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult, Identity, make_private_root, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
+from kuberl_sandbox.outcome_cache import OutcomeCache, task_digest
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
 from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, new_nonce
@@ -107,6 +108,7 @@ class SessionManager:
         self._uids = itertools.count()
         self._uid_block: uids.UidBlock | None = None  # claimed by prepare(), isolated only
         self._slots = asyncio.Semaphore(settings.max_concurrent_commands)
+        self.outcomes = OutcomeCache(settings.test_outcomes_kept)
         self._bin = settings.root / ".bin"
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -320,27 +322,47 @@ class SessionManager:
         """The task's visible tests (`run_tests`), or its hidden ones (the submission's score), in a scratch
         copy of the workspace made as the session's user. Tasks with an oracle are scored by it; the rest by a
         hardened unittest run on pristine copies of the test files (see oracle.py and hardened.py)."""
-        task = session.task
-        scratch = session.home / "tmp" / f"score-{secrets.token_hex(4)}"
-        async with session.lock, self._slots:
-            try:
-                await self.file_op(
-                    snapshots.copy_workspace, session.workspace, scratch, session.owner, self._max_file_bytes
-                )
-                if task.oracle is not None:
-                    outcome = await self._oracle_run(session, scratch, hidden)
-                else:
-                    outcome = await self._hardened_run(session, scratch, hidden)
-            except ws.WorkspaceError as err:
-                # the agent made its workspace unscorable (an unreadable file, a folder where a test file goes):
-                # every test fails, and a submission still gets its verdict
-                outcome = _unscorable(task, hidden, f"error: the workspace cannot be tested: {err}")
-            finally:
-                await self.file_op(self._remove_as, scratch, session.owner)
+        async with session.lock:
+            key = await self._outcome_key(session, hidden)
+            outcome = self.outcomes.get(*key) if key is not None else None
+            if outcome is not None:
+                self.metrics.observe_cached_test_run("hidden_tests" if hidden else "tests")
+            else:
+                async with self._slots:
+                    outcome = await self._test(session, hidden)
+                if key is not None:
+                    self.outcomes.put(*key, outcome)
         if outcome.tampering is not None:
             self.metrics.observe_tampering(outcome.tampering.value)
             log.warning("session %s: test report not trusted (%s)", session.session_id, outcome.tampering.value)
         return outcome
+
+    async def _outcome_key(self, session: Session, hidden: bool) -> tuple[str, bool, str] | None:
+        """What decides this test run's outcome (outcome_cache.py); None when the workspace cannot be read."""
+        if self.outcomes.entries <= 0:
+            return None
+        try:
+            content = await self.file_op(ws.checksum, session.workspace, session.owner)
+        except ws.WorkspaceError:
+            return None
+        return task_digest(session.task), hidden, content
+
+    async def _test(self, session: Session, hidden: bool) -> TestOutcome:
+        task = session.task
+        scratch = session.home / "tmp" / f"score-{secrets.token_hex(4)}"
+        try:
+            await self.file_op(
+                snapshots.copy_workspace, session.workspace, scratch, session.owner, self._max_file_bytes
+            )
+            if task.oracle is not None:
+                return await self._oracle_run(session, scratch, hidden)
+            return await self._hardened_run(session, scratch, hidden)
+        except ws.WorkspaceError as err:
+            # the agent made its workspace unscorable (an unreadable file, a folder where a test file goes):
+            # every test fails, and a submission still gets its verdict
+            return _unscorable(task, hidden, f"error: the workspace cannot be tested: {err}")
+        finally:
+            await self.file_op(self._remove_as, scratch, session.owner)
 
     async def _oracle_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
         task, nonce = session.task, new_nonce()

@@ -68,6 +68,9 @@ class SandboxSettings:
     """Tool observations longer than this are cut (the agent's context is precious)."""
     session_idle_s: float = 1800.0
     """Sessions unused for this long are closed (callers that vanished must not leak workspaces)."""
+    test_outcomes_kept: int = 4096
+    """Test outcomes kept by (task, hidden or not, workspace checksum) and reused for byte-identical files
+    (outcome_cache.py): a few KiB each, the least recently used go first; 0 runs every test run."""
     allow_shared_user: bool = False
     """Start even when sessions cannot get users of their own (not root): development only."""
 

@@ -132,3 +132,51 @@ def test_test_output_is_the_same_for_the_same_workspace(sandbox):
 
     first, second = asyncio.run(twice())
     assert first == second and re.search(r"^Ran \d+ tests?$", first, re.MULTILINE) and " in 0." not in first
+
+
+def _cached(sandbox, kind: str) -> float:
+    text = httpx.get(sandbox.url + "/metrics").text
+    return float(re.search(rf'^kuberl_sandbox_test_runs_cached_total{{kind="{kind}"}} (\S+)$', text, re.M).group(1))
+
+
+def test_byte_identical_files_reuse_an_outcome_and_any_change_runs_the_tests(sandbox):
+    task = TASKS[7]
+
+    async def sessions():
+        client = SandboxClient(sandbox.url, sandbox.token)
+        outcomes = []
+        for edit in (None, None, "chmod", "content"):
+            sid = (await client.create_session(task))["sessionId"]
+            if edit == "chmod":  # the same bytes with other permission bits are other files
+                await client.execute(sid, f"chmod 600 {task.metadata['file']}")
+            elif edit == "content":
+                await client.execute(sid, f"echo '# a comment' >> {task.metadata['file']}")
+            before = _cached(sandbox, "tests")
+            outcomes.append((await client.run_tests(sid), _cached(sandbox, "tests") - before))
+            await client.close(sid)
+        await client.aclose()
+        return outcomes
+
+    (first, _), (second, reused), (moded, moded_reused), (edited, edited_reused) = asyncio.run(sessions())
+    assert second == first and reused == 1  # a group's sessions testing the untouched files: one process
+    assert (moded_reused, edited_reused) == (0, 0)
+    assert moded["passed"] == edited["passed"] == first["passed"]  # the same verdict, each from a run of its own
+
+
+def test_the_outcome_cache_keeps_the_newest_and_never_a_timed_out_run():
+    from kuberl_sandbox.outcome_cache import OutcomeCache
+    from kuberl_sandbox.testrun import TestOutcome
+
+    ran = TestOutcome(total=3, passed=2, output="ok", exit_code=1, timed_out=False)
+    cache = OutcomeCache(2)
+    cache.put("task", False, "a", ran)
+    cache.put("task", False, "b", ran)
+    assert cache.get("task", False, "a") is ran  # "a" is now the newest
+    cache.put("task", True, "c", ran)
+    assert (cache.get("task", False, "b"), len(cache)) == (None, 2)
+    assert cache.get("task", False, "c") is None and cache.get("task", True, "c") is ran  # hidden is in the key
+    cache.put("task", False, "d", TestOutcome(total=3, passed=0, output="", exit_code=None, timed_out=True))
+    assert cache.get("task", False, "d") is None
+    off = OutcomeCache(0)
+    off.put("task", False, "a", ran)
+    assert off.get("task", False, "a") is None
