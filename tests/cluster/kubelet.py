@@ -68,6 +68,14 @@ TICK_S = 0.2
 INTERPRETER_HOME = Path(sys.base_prefix).parents[1]  # e.g. /root/.pyenv
 
 
+def node_unavailable() -> str | None:
+    """Why this machine cannot host the test node (None: it can): it needs root and a few system tools."""
+    if os.geteuid() != 0:
+        return "the node agent needs root (network and mount namespaces)"
+    missing = [tool for tool in ("ip", "unshare", "nsenter", "mount", "openssl") if shutil.which(tool) is None]
+    return f"the node agent needs {', '.join(missing)}" if missing else None
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -5,13 +5,12 @@ probes pass, and it reconciles a job applied with kubectl."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster.kubelet import NodeAgent
+from cluster.kubelet import NodeAgent, node_unavailable
 from conftest import BIN, REPO
 from helpers.emulator import Api, emulated_api_server
 from helpers.kubectl import KUBECTL, Kubectl
@@ -21,7 +20,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed"),
     pytest.mark.skipif(not (BIN / "helm").exists(), reason="helm is not installed (make install)"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (network and mount namespaces)"),
+    pytest.mark.skipif(node_unavailable() is not None, reason=str(node_unavailable())),
 ]
 
 SYSTEM = "kuberl-system"

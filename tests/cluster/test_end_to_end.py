@@ -10,16 +10,16 @@ What this stands in for, and what it does not model, is in docs/operator.md ("Th
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from cluster.kubelet import NodeAgent
+from cluster.kubelet import NodeAgent, node_unavailable
 from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server
 from helpers.kubectl import KUBECTL, Kubectl, table_rows
 from helpers.polling import wait_for
@@ -32,7 +32,7 @@ from kuberl_sandbox.local import free_port
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root (network and mount namespaces)"),
+    pytest.mark.skipif(node_unavailable() is not None, reason=str(node_unavailable())),
 ]
 
 NS = "default"
@@ -108,6 +108,14 @@ def pod(api: Api, name: str) -> dict[str, Any]:
     return api.get(f"/api/v1/namespaces/{NS}/pods/{name}") or {}
 
 
+def scrape(obj: dict[str, Any], port_name: str) -> str:
+    """A pod's /metrics, from the node (as Prometheus reaches it): its IP, its container port of that name."""
+    ports = {p["name"]: p["containerPort"] for c in obj["spec"]["containers"] for p in c.get("ports") or []}
+    url = f"http://{obj['status']['podIP']}:{ports[port_name]}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
 def is_ready(obj: dict[str, Any]) -> bool:
     conditions = (obj.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -136,6 +144,12 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     wait_for("step 2 in the status", lambda: (status(api, "e2e").get("step") or 0) >= 2, 240)
     (row,) = [r for r in table_rows(kubectl("get", "rlj")) if r["NAME"] == "e2e"]
     assert row["PHASE"] == "Running" and int(row["STEP"]) >= 2
+    # every tier's /metrics where the chart's PodMonitor scrapes it: the pod IP and the named port
+    sandbox = next(
+        p["metadata"]["name"] for p in api.items(f"/api/v1/namespaces/{NS}/pods") if "sandbox" in p["metadata"]["name"]
+    )
+    for name, port in (("e2e-learner-0", "metrics"), ("e2e-rollout-0", "http"), (sandbox, "http")):
+        assert "# TYPE kuberl_" in scrape(pod(api, name), port), name
 
     # a rollout pod lost mid-run: its StatefulSet replaces it, the learner waits for it, no step is lost
     lost = pod(api, "e2e-rollout-0")["metadata"]["uid"]

@@ -4,19 +4,18 @@ graceful deletion with preStop; and the workload controllers keep a StatefulSet'
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster.kubelet import FINALIZER, NodeAgent
+from cluster.kubelet import FINALIZER, NodeAgent, node_unavailable
 from helpers.emulator import Api, emulated_api_server
 from helpers.polling import wait_for
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network and mount namespaces need root"),
+    pytest.mark.skipif(node_unavailable() is not None, reason=str(node_unavailable())),
 ]
 
 NS = "default"
