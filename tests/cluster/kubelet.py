@@ -362,6 +362,7 @@ class PodRunner:
 
     def run_pod(self) -> None:
         self.netns, self.address = self.agent.network.add_pod(self.agent.next_index())
+        self.agent.accounts[self.address] = (self.namespace, self.spec.get("serviceAccountName") or "default")
         self.report()
         while not self.deleting.is_set() and not self.gone.is_set():
             try:
@@ -601,6 +602,7 @@ class NodeAgent:
         self.thread = threading.Thread(target=self.loop, daemon=True, name="kuberl-node-agent")
         self.ca_file = Path()
         self.errors: list[str] = []
+        self.accounts: dict[str, tuple[str, str]] = {}  # pod address -> (namespace, service account)
 
     @property
     def gateway(self) -> str:
@@ -636,6 +638,13 @@ class NodeAgent:
         for path in reversed(self.created_dirs):
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+    def refused_requests(self) -> list[str]:
+        """The pods' API requests so far that RBAC would have refused (the emulator authorizes them all)."""
+        from cluster.rbac_audit import refused
+
+        assert self.network.relays is not None
+        return refused(self.api, list(self.network.relays.requests), dict(self.accounts))
 
     def register_node(self) -> None:
         """The Node object a kubelet registers: ready, on-demand, addressed at the bridge."""

@@ -13,12 +13,15 @@ import asyncio
 import contextlib
 import ipaddress
 import random
+import re
 import shutil
 import ssl
 import subprocess
 import threading
 import uuid
 from pathlib import Path
+
+_REQUEST_LINE = re.compile(r"(?:^|\r\n)(GET|POST|PUT|PATCH|DELETE) (/\S*) HTTP/1\.[01]\r\n")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -43,11 +46,14 @@ class Relays:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="kuberl-node-relays")
         self.thread.start()
         self.servers: list[asyncio.AbstractServer] = []
+        self.requests: list[tuple[str, str, str]] = []  # (client address, method, URL) of HTTP requests seen
 
     def add(self, host: str, port: int, target_port: int, tls: ssl.SSLContext | None = None) -> None:
-        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str | None) -> None:
             with contextlib.suppress(Exception):
                 while data := await reader.read(65536):
+                    if client is not None:  # the request lines, for the RBAC audit (tests/cluster/rbac_audit.py)
+                        self.requests += [(client, m, u) for m, u in _REQUEST_LINE.findall(data.decode("latin-1"))]
                     writer.write(data)
                     await writer.drain()
             with contextlib.suppress(Exception):
@@ -59,7 +65,8 @@ class Relays:
             except OSError:
                 writer.close()
                 return
-            await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+            client = writer.get_extra_info("peername")[0] if tls is not None else None  # the API server's
+            await asyncio.gather(pipe(reader, upstream_writer, client), pipe(upstream_reader, writer, None))
 
         async def start() -> asyncio.AbstractServer:
             return await asyncio.start_server(handle, host, port, ssl=tls)

@@ -43,7 +43,7 @@ def ready(pod: dict[str, Any]) -> bool:
 
 
 def test_the_charts_operator_pod_starts_and_reconciles_a_job(cluster):
-    api, kubectl, _ = cluster
+    api, kubectl, node = cluster
     rendered = subprocess.run(
         [str(BIN / "helm"), "template", "kuberl", str(REPO / "charts" / "kuberl"), "--namespace", SYSTEM],
         capture_output=True,
@@ -64,3 +64,9 @@ def test_the_charts_operator_pod_starts_and_reconciles_a_job(cluster):
         "minimal-learner",
         "minimal-rollout",
     }
+    assert kubectl("delete", "rlj", "minimal").strip() == 'rljob.kuberl.io "minimal" deleted'  # waits for kopf
+    assert not api.items("/apis/apps/v1/namespaces/default/statefulsets")
+    # everything the operator did, it did with the permissions the chart grants it
+    seen = {(method, url.split("?")[0]) for _, method, url in node.network.relays.requests}
+    assert ("PATCH", "/apis/apps/v1/namespaces/default/statefulsets/minimal-learner") in seen  # the audit saw it
+    assert node.refused_requests() == []
