@@ -109,6 +109,8 @@ class SessionManager:
         self._uid_block: uids.UidBlock | None = None  # claimed by prepare(), isolated only
         self._slots = asyncio.Semaphore(settings.max_concurrent_commands)
         self.outcomes = OutcomeCache(settings.test_outcomes_kept)
+        self._running: dict[tuple[str, bool, str], asyncio.Future[TestOutcome | None]] = {}
+        """Test runs under way by key: a run with the same key waits for their outcome instead of starting."""
         self._bin = settings.root / ".bin"
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -324,14 +326,7 @@ class SessionManager:
         hardened unittest run on pristine copies of the test files (see oracle.py and hardened.py)."""
         async with session.lock:
             key = await self._outcome_key(session, hidden)
-            outcome = self.outcomes.get(*key) if key is not None else None
-            if outcome is not None:
-                self.metrics.observe_cached_test_run("hidden_tests" if hidden else "tests")
-            else:
-                async with self._slots:
-                    outcome = await self._test(session, hidden)
-                if key is not None:
-                    self.outcomes.put(*key, outcome)
+            outcome = await self._reused(key, hidden) or await self._test_shared(session, hidden, key)
         if outcome.tampering is not None:
             self.metrics.observe_tampering(outcome.tampering.value)
             log.warning("session %s: test report not trusted (%s)", session.session_id, outcome.tampering.value)
@@ -346,6 +341,35 @@ class SessionManager:
         except ws.WorkspaceError:
             return None
         return task_digest(session.task), hidden, content
+
+    async def _reused(self, key: tuple[str, bool, str] | None, hidden: bool) -> TestOutcome | None:
+        """The outcome of an earlier run with `key`, or of the one running now (the episodes of a group test the
+        untouched files at the same moment); None when there is none and this run must run the tests."""
+        if key is None:
+            return None
+        outcome = self.outcomes.get(*key)
+        if outcome is None and key in self._running:
+            outcome = await asyncio.shield(self._running[key])
+        if outcome is not None:
+            self.metrics.observe_cached_test_run("hidden_tests" if hidden else "tests")
+        return outcome
+
+    async def _test_shared(self, session: Session, hidden: bool, key: tuple[str, bool, str] | None) -> TestOutcome:
+        """Run the tests; with a key, runs with the same key that come meanwhile wait for this outcome."""
+        if key is None:
+            async with self._slots:
+                return await self._test(session, hidden)
+        running = self._running[key] = asyncio.get_running_loop().create_future()
+        outcome = None
+        try:
+            async with self._slots:
+                outcome = await self._test(session, hidden)
+            self.outcomes.put(*key, outcome)
+            return outcome
+        finally:
+            if self._running.get(key) is running:
+                del self._running[key]
+            running.set_result(outcome)  # None when this run was cancelled: the waiters run the tests themselves
 
     async def _test(self, session: Session, hidden: bool) -> TestOutcome:
         task = session.task

@@ -163,6 +163,24 @@ def test_byte_identical_files_reuse_an_outcome_and_any_change_runs_the_tests(san
     assert moded["passed"] == edited["passed"] == first["passed"]  # the same verdict, each from a run of its own
 
 
+def test_a_group_testing_the_same_files_at_once_starts_one_test_process(sandbox):
+    task = TASKS[11]
+
+    async def group():
+        client = SandboxClient(sandbox.url, sandbox.token)
+        sids = [(await client.create_session(task))["sessionId"] for _ in range(4)]
+        before = _cached(sandbox, "hidden_tests")
+        outcomes = await asyncio.gather(*(client.run_tests(sid, hidden=True) for sid in sids))
+        reused = _cached(sandbox, "hidden_tests") - before
+        for sid in sids:
+            await client.close(sid)
+        await client.aclose()
+        return outcomes, reused
+
+    outcomes, reused = asyncio.run(group())
+    assert reused == 3 and all(o == outcomes[0] for o in outcomes)
+
+
 def test_the_outcome_cache_keeps_the_newest_and_never_a_timed_out_run():
     from kuberl_sandbox.outcome_cache import OutcomeCache
     from kuberl_sandbox.testrun import TestOutcome
