@@ -197,6 +197,12 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
         in (folder / "node" / "logs" / f"{NS}_e2e-learner-0_learner.log").read_text()
     )
 
+    # the learner reported with its service account's rights only (the operator's Role for it)
+    node = cluster["node"]
+    seen = {(method, url.split("?")[0]) for _, method, url in node.network.relays.requests}
+    assert ("PATCH", f"{RLJOBS}/e2e/status") in seen  # the audit saw the learner's reports
+    assert node.refused_requests() == []
+
     (row,) = [r for r in table_rows(kubectl("get", "rlj")) if r["NAME"] == "e2e"]
     assert (row["PHASE"], row["STEP"]) == ("Succeeded", str(STEPS))
     assert list(row) == ["NAME", "PHASE", "STEP", "REWARD", "AGE"]
