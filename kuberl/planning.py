@@ -35,24 +35,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from kuberl.api.spec import DType, ResourceRequirements, RLJobSpec
+from kuberl.api.spec import GPU_RESOURCE, DType, ResourceRequirements, RLJobSpec
+from kuberl.api.types import quantity_value
 
 GIB = 1024**3
 DEFAULT_GPU_MEMORY = 80 * GIB
-GPU_RESOURCE = "nvidia.com/gpu"
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-_SUFFIX = {
-    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E")) if s},
-    "m": 1e-3,
-    "n": 1e-9,
-    "u": 1e-6,
-}
 
 
 class PlanError(ValueError):
@@ -133,11 +125,10 @@ def read_model_shape(uri: str) -> ModelShape:
 
 def quantity_bytes(quantity: int | str) -> float:
     """A Kubernetes quantity (64Gi, 500M, 1e9, 3) as a number."""
-    text = str(quantity)
-    match = re.fullmatch(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)", text)
-    if not match or match.group(2) not in _SUFFIX:
-        raise PlanError(f"{text!r} is not a Kubernetes quantity")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
+    try:
+        return quantity_value(quantity)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
 
 
 def _gpus(resources: ResourceRequirements) -> int:

@@ -16,6 +16,8 @@ from kuberl.api.types import DnsLabel, Duration, Image, Quantity, StorageUri, pa
 
 API_VERSION: Final = "kuberl.io/v1alpha1"
 KIND: Final = "RLJob"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The extended resource a pod asks GPUs by (the NVIDIA device plugin's)."""
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kuberl"
 
 
@@ -364,7 +366,7 @@ class LearnerSpec(ApiModel):
     image: Image = f"{DEFAULT_IMAGE_REGISTRY}/learner:0.1.0"
     """Container image of the learner."""
     resources: ResourceRequirements = Field(
-        default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {"nvidia.com/gpu": 1})
+        default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {GPU_RESOURCE: 1})
     )
     """Resources of one learner pod."""
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
@@ -396,7 +398,7 @@ class RolloutSpec(ApiModel):
     image: Image = f"{DEFAULT_IMAGE_REGISTRY}/rollout:0.1.0"
     """Container image of the rollout server."""
     resources: ResourceRequirements = Field(
-        default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {"nvidia.com/gpu": 1})
+        default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {GPU_RESOURCE: 1})
     )
     """Resources of one rollout pod."""
     engine: EngineSpec = Field(default_factory=EngineSpec)

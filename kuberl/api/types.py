@@ -42,6 +42,24 @@ QUANTITY_PATTERN = (
 )
 
 
+_QUANTITY_SUFFIX = {
+    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E")) if s},
+    "m": 1e-3,
+    "n": 1e-9,
+    "u": 1e-6,
+}
+
+
+def quantity_value(quantity: int | str) -> float:
+    """A Kubernetes quantity (64Gi, 500M, 1e9, 500m, 3) as a number; ValueError for anything else."""
+    text = str(quantity)
+    match = re.fullmatch(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)", text)
+    if not match or match.group(2) not in _QUANTITY_SUFFIX:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+    return float(match.group(1)) * _QUANTITY_SUFFIX[match.group(2)]
+
+
 def _check_quantity(value: object) -> int | str:
     # Runs before the int|str union so that floats and booleans get one clear message.
     if isinstance(value, float):

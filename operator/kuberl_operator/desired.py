@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import SandboxAutoscaler
+from kuberl.api.spec import GPU_RESOURCE, SandboxAutoscaler
 from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.learner import build_learner_service, build_learner_statefulset
@@ -21,7 +21,7 @@ from kuberl_operator.secret import sandbox_token_secret_name
 from kuberl_operator.security import SandboxPodSecurity
 
 DEFAULT_NAMESPACE = "default"
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 
 
 def target_namespace(job: RLJob, override: str | None = None) -> str:

@@ -7,7 +7,8 @@ from typing import Any
 
 from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import ResourceRequirements
+from kuberl.api.spec import GPU_RESOURCE, ResourceRequirements
+from kuberl.api.types import quantity_value
 from kuberl_operator.meta import CONFIG, child_name, common_labels, object_meta, selector_labels
 
 # The job file every entrypoint reads (`kuberl rollout-server JOB.yaml`, `kuberl learner JOB.yaml`).
@@ -31,6 +32,16 @@ def resources(spec: ResourceRequirements) -> dict[str, Any]:
     if spec.limits:
         out["limits"] = dict(spec.limits)
     return out
+
+
+def cpu_engine_env(spec: ResourceRequirements) -> list[dict[str, Any]]:
+    """A CPU rollout pod's vLLM engine gets as many OpenMP threads as the pod has cores (the CPU limit, else
+    the request): left to itself it binds a thread per core of the node it can see. GPU pods and pods without
+    a CPU amount keep vLLM's own choice."""
+    if GPU_RESOURCE in spec.limits or GPU_RESOURCE in spec.requests:
+        return []
+    cpu = spec.limits.get("cpu", spec.requests.get("cpu"))
+    return [] if cpu is None else env_list(env_vars.cpu_engine_threads(int(quantity_value(cpu))))
 
 
 def env_list(values: dict[str, str]) -> list[dict[str, Any]]:

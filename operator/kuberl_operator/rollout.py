@@ -9,6 +9,7 @@ from kuberl_operator.meta import ROLLOUT, SANDBOX, child_name, selector_labels
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import (
     JOB_FILE,
+    cpu_engine_env,
     http_probe,
     parallel_statefulset,
     resources,
@@ -79,7 +80,12 @@ def build_rollout_statefulset(
         "name": ROLLOUT,
         "image": job.spec.rollout.image,
         "command": argv,
-        "env": [sandbox_token_env(sandbox_token_secret), *runtime_env(), *storage_env(job)],
+        "env": [
+            sandbox_token_env(sandbox_token_secret),
+            *runtime_env(),
+            *storage_env(job),
+            *cpu_engine_env(job.spec.rollout.resources),
+        ],
         "ports": [{"name": "http", "containerPort": ROLLOUT_PORT, "protocol": "TCP"}],
         "resources": resources(job.spec.rollout.resources),
         "volumeMounts": mounts,

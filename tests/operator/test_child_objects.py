@@ -413,6 +413,27 @@ def test_rollout_and_sandbox_probes_and_token(example):
     assert pod_spec(deployment)["containers"][0]["command"][:4] == ["python", "-m", "kuberl.cli", "sandbox"]
 
 
+@pytest.mark.parametrize(
+    ("resources", "threads"),
+    [
+        ({"limits": {"cpu": "4"}, "requests": {"cpu": 2}}, "4"),
+        ({"requests": {"cpu": "1500m"}}, "1"),
+        ({"requests": {"cpu": "250m"}}, "1"),
+        ({"requests": {"cpu": 16}, "limits": {"nvidia.com/gpu": 1}}, None),  # vLLM on a GPU: its own choice
+        ({"requests": {"memory": "8Gi"}}, None),
+    ],
+)
+def test_a_cpu_rollout_engine_gets_the_pods_cores_as_unpinned_threads(resources, threads):
+    manifest = yaml.safe_load(next(p for p in EXAMPLES if p.stem == "swe-toy").read_text())
+    manifest["spec"]["rollout"]["resources"] = resources
+    job = RLJob.from_manifest(manifest)
+    env = {
+        e["name"]: e.get("value") for e in pod_spec(one(render(job), "StatefulSet", "rollout"))["containers"][0]["env"]
+    }
+    assert env.get("OMP_NUM_THREADS") == threads
+    assert env.get("VLLM_CPU_OMP_THREADS_BIND") == ("nobind" if threads else None)
+
+
 def test_s3_credentials_come_from_the_named_secret():
     job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-gpu")))
     objects = render(job)
