@@ -42,7 +42,7 @@ QUANTITY_PATTERN = (
 )
 
 
-_QUANTITY_SUFFIX = {
+_QUANTITY_SUFFIX: dict[str, float] = {
     **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
     **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E")) if s},
     "m": 1e-3,
