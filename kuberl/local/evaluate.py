@@ -82,6 +82,7 @@ def summary_line(summary: dict) -> str:
         f"held-out solve rate {summary['solve_rate']:.2f} ({summary['solved']}/{summary['episodes']} episodes "
         f"of {summary['tasks']} tasks), reward {summary['reward_mean']:.3f}, submitted {summary['submitted']}, "
         f"failed {summary['failed']}, {summary['seconds']:.0f}s"
+        + "".join(f"\n  {count} failed: {reason}" for reason, count in summary.get("errors", {}).items())
     )
 
 

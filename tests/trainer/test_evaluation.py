@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from kuberl.api.trajectory import Trajectory
+from kuberl.local.evaluate import summary_line
 from kuberl.suites import load_tasks
 from kuberl_trainer.evaluation import evaluate
 from kuberl_trainer.rollout_client import Collected, SubmittedGroup
@@ -81,6 +82,8 @@ def test_an_errored_episode_is_unsolved_and_counted():
 
     result = evaluate(Failing({}, capacity=8), [task], poll=0)
     assert (result.solved, result.failed, result.submitted) == (0, 1, 0)
+    assert result.errors == {"sandbox failed": 1}  # why they failed travels with the count
+    assert summary_line(result.summary()).endswith("\n  1 failed: sandbox failed")
 
 
 def test_the_resolved_flag_decides_solved_where_the_trajectory_carries_it():

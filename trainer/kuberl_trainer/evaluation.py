@@ -9,6 +9,7 @@ of groups this evaluation did not submit are counted as `foreign` and dropped.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -42,6 +43,8 @@ class Evaluation:
     """Episodes that ended with submit (the rest ran out of turns or tokens, or failed)."""
     failed: int
     """Episodes that ended with an error (sandbox or engine), counted as unsolved."""
+    errors: dict[str, int]
+    """The commonest reasons of the failed episodes (at most three, cut at 160 characters) and their counts."""
     foreign: int
     generated_tokens: int
     seconds: float
@@ -108,6 +111,11 @@ def _score(trajectories: list[Trajectory], tasks: int, foreign: int, seconds: fl
         reward_mean=sum(t.final_reward for t in trajectories) / len(trajectories),
         submitted=sum(t.finish_reason == FinishReason.SUBMITTED for t in trajectories),
         failed=sum(t.finish_reason == FinishReason.ERROR for t in trajectories),
+        errors=dict(
+            Counter(
+                (t.error or "no reason recorded")[:160] for t in trajectories if t.finish_reason == FinishReason.ERROR
+            ).most_common(3)
+        ),
         foreign=foreign,
         generated_tokens=sum(sum(t.loss_mask) for t in trajectories),
         seconds=seconds,
