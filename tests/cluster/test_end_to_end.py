@@ -9,7 +9,10 @@ What this stands in for, and what it does not model, is in docs/operator.md ("Th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 import urllib.request
@@ -28,6 +31,7 @@ from helpers.tiny_job import tiny_job_spec
 
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl_sandbox.local import free_port
+from kuberl_trainer.final_checkpoint import children_of
 
 pytestmark = [
     pytest.mark.slow,
@@ -79,9 +83,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         assert not node.errors, node.errors
 
 
-def manifest(name: str, endpoint: str, **sections: dict[str, Any]) -> str:
+def manifest(name: str, endpoint: str, steps: int = STEPS, **sections: dict[str, Any]) -> str:
     spec = tiny_job_spec(MODEL_URI, **sections)
-    spec["training"]["totalSteps"] = STEPS
+    spec["training"]["totalSteps"] = steps
     spec["checkpoint"] = {
         "uri": f"s3://checkpoints/{name}",
         "endpointUrl": endpoint,
@@ -116,6 +120,32 @@ def scrape(obj: dict[str, Any], port_name: str) -> str:
         return response.read().decode()
 
 
+def apply_credentials(cluster: dict[str, Any]) -> None:
+    """The Secret the jobs name in spec.checkpoint.credentialsSecret."""
+    s3 = cluster["s3"]
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "s3-credentials"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+    }
+    cluster["kubectl"]("apply", "-f", "-", stdin=json.dumps(secret))
+
+
+def checkpoint_store(cluster: dict[str, Any], uri: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The job's checkpoints in S3, read from the test's side."""
+    s3 = cluster["s3"]
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3.endpoint,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+    }.items():
+        monkeypatch.setenv(key, value)
+    from kuberl_trainer.checkpoints.store import CheckpointStore
+
+    return CheckpointStore(uri)
+
+
 def is_ready(obj: dict[str, Any]) -> bool:
     conditions = (obj.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -127,14 +157,7 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     training step lost or repeated."""
     api, kubectl, folder = cluster["api"], cluster["kubectl"], cluster["folder"]
     began = time.monotonic()
-    s3 = cluster["s3"]
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "s3-credentials"},
-        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
-    }
-    kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    apply_credentials(cluster)
     path = folder / "e2e.yaml"
     path.write_text(manifest("e2e", cluster["endpoint"]))
     assert kubectl("apply", "-f", str(path)).strip() == "rljob.kuberl.io/e2e created"
@@ -181,15 +204,7 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     # learner's run folder is an emptyDir, gone with its pod when the operator scales the job to zero)
     checkpoint = final["lastCheckpoint"]
     assert (checkpoint["step"], checkpoint["uri"]) == (STEPS, "s3://checkpoints/e2e")
-    for key, value in {
-        "AWS_ENDPOINT_URL": s3.endpoint,
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-    }.items():
-        monkeypatch.setenv(key, value)
-    from kuberl_trainer.checkpoints.store import CheckpointStore
-
-    store = CheckpointStore(checkpoint["uri"])
+    store = checkpoint_store(cluster, checkpoint["uri"], monkeypatch)
     assert STEPS in [m.step for m in store.complete()]
     assert store.backend.list_files("policy")["model.safetensors"] > 0
     assert (
@@ -211,3 +226,143 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     wait_for("the job's pods gone", lambda: not api.items(f"/api/v1/namespaces/{NS}/pods"), 120)
     listed = kubectl("get", "statefulsets,deployments,services,configmaps,secrets", "-o", "name").split()
     assert not [n for n in listed if n.split("/")[1].startswith("e2e-")]
+
+
+def learner_runs(folder: Path, job: str) -> list[list[dict[str, Any]]]:
+    """What the learner logged (its JSON lines), one list per start of its container, across its pods."""
+    runs: list[list[dict[str, Any]]] = []
+    for line in (folder / "node" / "logs" / f"{NS}_{job}-learner-0_learner.log").read_text().splitlines():
+        if line.startswith("--- ") and " start " in line:  # the node's line at each container start
+            runs.append([])
+        elif line.startswith("{") and runs:
+            with contextlib.suppress(ValueError):
+                runs[-1].append(json.loads(line))
+    return runs
+
+
+def steps_of(run: list[dict[str, Any]]) -> list[int]:
+    return [entry["step"] for entry in run if next(iter(entry)) == "step"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_learner_process(node: NodeAgent, pod_name: str) -> list[int]:
+    """SIGKILL the learner's process (torchrun's worker, as the OOM killer would); returns its pids."""
+    runner = next(r for r in list(node.pods.values()) if r.name == pod_name and not r.deleting.is_set())
+    torchrun = runner.containers[0].pid1()  # the container's PID 1
+    assert torchrun is not None
+    workers = children_of(torchrun)
+    assert workers, "torchrun has no worker"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    return workers
+
+
+def job_pods(api: Api, job: str) -> list[str]:
+    names = [p["metadata"]["name"] for p in api.items(f"/api/v1/namespaces/{NS}/pods")]
+    return [n for n in names if n.startswith(f"{job}-")]
+
+
+def test_kill_the_learner_suspend_resume_and_stop_at_the_wall_clock(cluster, monkeypatch):
+    """Three of the issue's scenarios in one job, to fit the time: the learner's process killed -> its
+    container restarts and resumes from the newest complete checkpoint in S3; suspended -> every pod gone
+    after a final checkpoint, resumed -> training continues from it; a wall-clock limit -> Stopped with
+    MaxWallClockReached and a final checkpoint. The limit is lowered on the running job (to one it has
+    already used up), so the operator's backstop trips it: the learner read its spec when it started."""
+    api, kubectl, folder, node = cluster["api"], cluster["kubectl"], cluster["folder"], cluster["node"]
+    job = "recover"
+    began = time.monotonic()
+    apply_credentials(cluster)
+    path = folder / f"{job}.yaml"
+    path.write_text(manifest(job, cluster["endpoint"], steps=1000))
+    kubectl("apply", "-f", str(path))
+    store = checkpoint_store(cluster, f"s3://checkpoints/{job}", monkeypatch)
+    timings: dict[str, float] = {}
+
+    def newest() -> int:
+        found = store.newest()
+        return found.step if found else 0
+
+    def merge(spec: dict[str, Any]) -> None:
+        kubectl("patch", "rlj", job, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+    def checkpoint_in_status(step: int) -> bool:
+        return ((status(api, job).get("lastCheckpoint") or {}).get("step")) == step
+
+    wait_for(f"{job} Running", lambda: status(api, job).get("phase") == "Running", 300)
+    timings["running"] = time.monotonic() - began
+
+    # (1) the learner's process killed: torchrun (--max-restarts=0) exits, the kubelet restarts the container,
+    # and the learner resumes from the newest complete checkpoint in S3 (its emptyDir run folder has none)
+    wait_for("a checkpoint past step 0", lambda: (status(api, job).get("lastCheckpoint") or {}).get("step"), 240)
+
+    def odd_step() -> bool:  # checkpoints are taken at even steps: none is being committed while we kill
+        steps = steps_of(learner_runs(folder, job)[-1])
+        return bool(steps) and steps[-1] >= 3 and steps[-1] % 2 == 1
+
+    wait_for("the learner's log at an odd step", odd_step, 120, interval=0.05)
+    killed = kill_learner_process(node, f"{job}-learner-0")
+    wait_for("the learner process gone", lambda: not any(alive(pid) for pid in killed), 30)
+    resume_from = newest()  # the learner is dead: nothing more is written
+    assert resume_from >= 2
+    runs = wait_for(
+        "the learner restarted and trained a step",
+        lambda: runs if len(runs := learner_runs(folder, job)) >= 2 and steps_of(runs[1]) else None,
+        240,
+    )
+    first, second = steps_of(runs[0]), steps_of(runs[1])
+    assert first == list(range(1, first[-1] + 1)) and first[-1] >= resume_from
+    assert second[0] == resume_from + 1  # only the steps after the checkpoint are trained again
+    assert pod(api, f"{job}-learner-0")["status"]["containerStatuses"][0]["restartCount"] == 1
+    assert status(api, job)["phase"] == "Running"
+    timings["resumed after the kill"] = time.monotonic() - began
+
+    # (2) suspended: every tier to zero, the learner's preStop asks for a final checkpoint on the way down
+    merge({"suspend": True})
+    wait_for(f"{job} Suspended", lambda: status(api, job).get("phase") == "Suspended", 60)
+    wait_for(f"the pods of {job} gone", lambda: not job_pods(api, job), 240)
+    timings["suspended"] = time.monotonic() - began
+    runs = learner_runs(folder, job)
+    assert len(runs) == 2
+    stop = next(e for e in runs[1] if "stopped" in e)
+    suspended_at = stop["step"]
+    assert steps_of(runs[1]) == list(range(resume_from + 1, suspended_at + 1)) and newest() == suspended_at
+    wait_for("the final checkpoint in the status", lambda: checkpoint_in_status(suspended_at), 30)
+    (row,) = [r for r in table_rows(kubectl("get", "rlj")) if r["NAME"] == job]
+    assert row["PHASE"] == "Suspended"
+
+    # resumed: the tiers come back and the learner continues from the final checkpoint
+    merge({"suspend": False})
+    wait_for(f"{job} Running again", lambda: status(api, job).get("phase") == "Running", 300)
+    runs = wait_for(
+        "the learner's first step after the resume",
+        lambda: runs if len(runs := learner_runs(folder, job)) >= 3 and steps_of(runs[2]) else None,
+        240,
+    )
+    assert steps_of(runs[2])[0] == suspended_at + 1
+    timings["resumed after the suspension"] = time.monotonic() - began
+
+    # (3) the wall-clock limit: Stopped, every tier to zero, the learner's final checkpoint on the way down
+    merge({"limits": {"maxWallClock": "30s"}})
+    final = wait_for(
+        f"{job} stopped",
+        lambda: status(api, job) if status(api, job).get("phase") in ("Succeeded", "Failed", "Stopped") else None,
+        120,
+    )
+    assert (final["phase"], final.get("reason")) == ("Stopped", "MaxWallClockReached"), json.dumps(final)
+    wait_for(f"the pods of {job} gone", lambda: not job_pods(api, job), 240)
+    runs = learner_runs(folder, job)
+    assert len(runs) == 3
+    stop = next(e for e in runs[2] if "stopped" in e)
+    assert steps_of(runs[2]) == list(range(suspended_at + 1, stop["step"] + 1)) and newest() == stop["step"]
+    wait_for("the final checkpoint in the status", lambda: checkpoint_in_status(stop["step"]), 30)
+    assert status(api, job)["reason"] == "MaxWallClockReached"
+    timings["stopped"] = time.monotonic() - began
+    print(", ".join(f"{what} after {seconds:.0f} s" for what, seconds in timings.items()))
+    assert node.refused_requests() == []
+    kubectl("delete", "rlj", job)
