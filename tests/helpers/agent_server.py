@@ -22,8 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def agent_server(sandbox: Any, folder: Path) -> Iterator[dict[str, Any]]:
-    """{url, model, job, log}: a rollout server running external-agent episodes and serving recorded sessions."""
+def agent_server(
+    sandbox: Any,
+    folder: Path,
+    agent: str = "helpers.openai_agent:solve",
+    max_turns: int = 6,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """{url, model, job, log}: a rollout server running `agent`'s episodes and serving recorded sessions."""
     # its own copy: `make demo` may rebuild runs/models/tiny-llama meanwhile
     model = build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=3)
     job = {
@@ -33,8 +39,8 @@ def agent_server(sandbox: Any, folder: Path) -> Iterator[dict[str, Any]]:
         "spec": {
             "model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
             "environment": {
-                "agent": "helpers.openai_agent:solve",
-                "maxTurns": 6,
+                "agent": agent,
+                "maxTurns": max_turns,
                 "maxTokensPerTrajectory": 2048,
                 "turnTimeout": "30s",
                 "trajectoryTimeout": "2m",
@@ -55,6 +61,7 @@ def agent_server(sandbox: Any, folder: Path) -> Iterator[dict[str, Any]]:
         "KUBERL_SANDBOX_TOKEN": sandbox.token,
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        **(extra_env or {}),
     }
     argv = [sys.executable, "-m", "kuberl.cli", "rollout-server", str(folder / "job.yaml")]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--sandbox-url", sandbox.url]
