@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import ParseError, parse_tool_call
 from kuberl_rollout.engine import RolloutEngine
 from kuberl_rollout.sandbox_client import SandboxEnvironment, SandboxError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class Agent:
             episode.finish = FinishReason.TIMEOUT
         except (SandboxError, httpx.HTTPError) as err:
             episode.finish, episode.error = FinishReason.ERROR, f"sandbox failed: {err or type(err).__name__}"
+            log.warning("episode of task %s in group %s: %s", task.task_id, group_id, episode.error)
         finally:
             session_id = env.session_id
             with contextlib.suppress(SandboxError, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
