@@ -73,7 +73,13 @@ def node_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "the node agent needs root (network and mount namespaces)"
     missing = [tool for tool in ("ip", "unshare", "nsenter", "mount", "openssl") if shutil.which(tool) is None]
-    return f"the node agent needs {', '.join(missing)}" if missing else None
+    if missing:
+        return f"the node agent needs {', '.join(missing)}"
+    checkout = Path(__file__).resolve().parents[2]
+    if checkout.is_relative_to("/tmp"):
+        # the project's virtual environment stands in for the images, and the pods mount volumes at /tmp
+        return f"the checkout {checkout} is under /tmp, which the pods' /tmp volumes hide: clone it elsewhere"
+    return None
 
 
 def now() -> str:
