@@ -8,8 +8,11 @@ trainer's warm-up and credit probes), which get it from a composition root and n
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -27,6 +30,12 @@ from kuberl.api.sandbox_http import (
     TestsRequest,
     WriteRequest,
 )
+
+log = logging.getLogger(__name__)
+
+FULL_RETRY_S = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Pauses between tries to open a session on a full server (503), the last repeated: a place frees up when any
+episode ends, and behind a Service the next try may reach another pod."""
 
 
 def _wire(body: Body) -> dict[str, Any]:
@@ -47,14 +56,27 @@ class SandboxClient:
     server that opened it; when that server names its own endpoint (behind a load-balanced Service, its
     pod), the session's later calls go there."""
 
-    def __init__(self, base_url: str, token: str, http: httpx.AsyncClient | None = None, timeout: float = 660.0):
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        http: httpx.AsyncClient | None = None,
+        timeout: float = 660.0,
+        full_wait_s: float = 600.0,
+    ):
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.AsyncClient(timeout=timeout)
         self._owns_http = http is None
         self._headers = {"Authorization": f"Bearer {token}"}
         self._endpoints: dict[str, str] = {}  # session id -> the server that holds it
+        self.full_wait_s = full_wait_s
+        """How long opening a session waits for a place on full servers before the 503 is raised (the
+        episode's own timeout usually ends the wait first)."""
+        self._cleanups: set[asyncio.Task[None]] = set()  # closes that outlive the cancelled caller that needed them
 
     async def aclose(self) -> None:
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
         if self._owns_http:
             await self._http.aclose()
 
@@ -74,12 +96,50 @@ class SandboxClient:
         return response.json() if response.content else None
 
     async def create_session(self, task: Task, timeout: float | None = None) -> dict[str, Any]:
-        body = CreateSession(task=task, timeout=timeout)
-        return self._opened(await self._call("POST", "/v1/sessions", _wire(body)))
+        body = _wire(CreateSession(task=task, timeout=timeout))
+        return await self._open(lambda: self._call("POST", "/v1/sessions", body))
 
     async def restore_session(self, task: Task, snapshot: Snapshot) -> dict[str, Any]:
-        body = RestoreSession(task=task, snapshot=snapshot)
-        return self._opened(await self._call("POST", "/v1/sessions/restore", _wire(body)))
+        body = _wire(RestoreSession(task=task, snapshot=snapshot))
+        return await self._open(lambda: self._call("POST", "/v1/sessions/restore", body))
+
+    async def _open(self, request: Callable[[], Coroutine[Any, Any, Any]]) -> dict[str, Any]:
+        """Open a session, waiting for a place while the servers are full (503) for up to `full_wait_s`."""
+        waited, pauses = 0.0, iter(FULL_RETRY_S)
+        while True:
+            try:
+                return await self._open_once(request())
+            except SandboxError as err:
+                pause = next(pauses, FULL_RETRY_S[-1])
+                if err.status != 503 or waited + pause > self.full_wait_s:
+                    raise
+                if waited == 0:
+                    log.info("sandbox full (%s): waiting for a place", err.detail)
+                await asyncio.sleep(pause)
+                waited += pause
+
+    async def _open_once(self, request: Coroutine[Any, Any, Any]) -> dict[str, Any]:
+        """One request that opens a session. A caller cancelled meanwhile (the learner cancels the groups it no
+        longer needs) does not stop the server from opening it: the request runs on, and the session is closed
+        as soon as its id is known, rather than held until the idle timeout. Leaked this way, a few sessions a
+        step filled the demo's sandbox by step 104."""
+        opening = asyncio.ensure_future(request)
+        try:
+            answer = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            self._in_background(self._close_once_open(opening))
+            raise
+        return self._opened(answer)
+
+    async def _close_once_open(self, opening: asyncio.Future[Any]) -> None:
+        with contextlib.suppress(SandboxError, httpx.HTTPError):
+            session_id = self._opened(await opening)["sessionId"]
+            await self.close(session_id)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     def _opened(self, answer: dict[str, Any]) -> dict[str, Any]:
         info = SessionInfo.model_validate(answer)  # the server's answer, read with the server's own model
