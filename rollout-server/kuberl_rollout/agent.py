@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -63,6 +64,18 @@ class TokenRecord:
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.versions += [NOT_GENERATED] * len(ids)
+
+    def trajectory(self, **fields: Any) -> Trajectory:
+        """The finished trajectory: this record's tokens, and `fields` for the rest (ids, rewards, finish)."""
+        return Trajectory(
+            token_ids=self.token_ids,
+            loss_mask=self.loss_mask,
+            logprobs=self.logprobs,
+            policy_versions=self.versions,
+            prompt_length=self.prompt_length,
+            turns=self.turns,
+            **fields,
+        )
 
 
 @dataclass
@@ -118,16 +131,10 @@ class Agent:
         if episode.final is None and episode.finish != FinishReason.ERROR:
             episode.final = env.final_reward()
         episode.timings["total"] = time.monotonic() - started
-        return Trajectory(
+        return record.trajectory(
             trajectory_id=uuid.uuid4().hex,
             task_id=task.task_id,
             group_id=group_id,
-            token_ids=record.token_ids,
-            loss_mask=record.loss_mask,
-            logprobs=record.logprobs,
-            policy_versions=record.versions,
-            prompt_length=record.prompt_length,
-            turns=record.turns,
             final_reward=episode.final or 0.0,
             finish_reason=episode.finish,
             resolved=env.resolved(),

@@ -139,16 +139,10 @@ class RecordedSession:
         """The last segment as a trajectory (`fallback_prompt` alone when no call was made)."""
         record = self.segments[-1] if self.segments else TokenRecord(list(fallback_prompt))
         timings = {**self.timings, "total": time.monotonic() - self.started}
-        return Trajectory(
+        return record.trajectory(
             trajectory_id=self.id,
             task_id=self.task_id,
             group_id=self.group_id,
-            token_ids=record.token_ids,
-            loss_mask=record.loss_mask,
-            logprobs=record.logprobs,
-            policy_versions=record.versions,
-            prompt_length=record.prompt_length,
-            turns=record.turns,
             final_reward=final_reward,
             finish_reason=finish,
             history_mismatches=self.history_mismatches,

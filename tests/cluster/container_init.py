@@ -35,6 +35,10 @@ def main(spec_file: str) -> None:
     # would otherwise be whatever this machine's other programs left
     mount("-t", "tmpfs", "-o", "mode=755,size=16m", "tmpfs", "/run")
     os.makedirs("/run/lock", mode=0o1777)
+    # a folder that stands in for the image (the checkout) but lies under a volume's mount path (a clone
+    # under /tmp, a /tmp volume) is kept in view: held at its staging folder, bound back once the volumes are in
+    for kept in spec.get("keep") or []:
+        mount("--bind", kept["path"], kept["staging"])
     for m in spec["mounts"]:
         os.makedirs(m["target"], exist_ok=True)
         if m.get("tmpfs"):
@@ -43,6 +47,9 @@ def main(spec_file: str) -> None:
         mount("--bind", m["source"], m["target"])
         if m.get("readOnly"):
             mount("-o", "remount,bind,ro", m["target"])
+    for kept in spec.get("keep") or []:
+        os.makedirs(kept["path"], exist_ok=True)  # inside the volume that hid it
+        mount("--bind", kept["staging"], kept["path"])
     if spec.get("readOnlyRoot"):
         mount("-o", "remount,bind,ro", "/")
         mount("-o", "remount,ro", "/run")

@@ -66,6 +66,8 @@ TICK_S = 0.2
 # the venv's interpreter lives under /root (0700 here): pods running as another uid see it through a
 # tmpfs over its parent in their own mount namespace (container_init.py)
 INTERPRETER_HOME = Path(sys.base_prefix).parents[1]  # e.g. /root/.pyenv
+# the checkout whose virtual environment stands in for the images (its scripts name it by absolute path)
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def node_unavailable() -> str | None:
@@ -75,10 +77,6 @@ def node_unavailable() -> str | None:
     missing = [tool for tool in ("ip", "unshare", "nsenter", "mount", "openssl") if shutil.which(tool) is None]
     if missing:
         return f"the node agent needs {', '.join(missing)}"
-    checkout = Path(__file__).resolve().parents[2]
-    if checkout.is_relative_to("/tmp"):
-        # the project's virtual environment stands in for the images, and the pods mount volumes at /tmp
-        return f"the checkout {checkout} is under /tmp, which the pods' /tmp volumes hide: clone it elsewhere"
     return None
 
 
@@ -318,11 +316,17 @@ class PodRunner:
             staging = self.dir / "interpreter"
             staging.mkdir(exist_ok=True)
             expose.append({"path": str(INTERPRETER_HOME), "staging": str(staging)})
+        keep = []
+        if any(CHECKOUT.is_relative_to(m["target"]) for m in mounts):  # a clone under /tmp, a /tmp volume
+            staging = self.dir / "checkout"
+            staging.mkdir(exist_ok=True)
+            keep.append({"path": str(CHECKOUT), "staging": str(staging)})
         spec = {
             "argv": argv,
             "env": c.env,
             "mounts": mounts,
             "expose": expose,
+            "keep": keep,
             "readOnlyRoot": (c.spec.get("securityContext") or {}).get("readOnlyRootFilesystem", False),
             "hostname": self.spec.get("hostname") or self.name,
             "workdir": c.spec.get("workingDir"),
