@@ -75,8 +75,8 @@ class SandboxClient:
         self._cleanups: set[asyncio.Task[None]] = set()  # closes that outlive the cancelled caller that needed them
 
     async def aclose(self) -> None:
-        if self._cleanups:
-            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        if self._cleanups:  # bounded: a server that never answers must not hold up the caller's shutdown
+            await asyncio.wait(set(self._cleanups), timeout=10)
         if self._owns_http:
             await self._http.aclose()
 
