@@ -343,7 +343,9 @@ def run_command(
         from kuberl_trainer.warmup import warm_up as warm_up_job
 
         def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
-            warm_up_job(job, model_path, out, lambda: SandboxEnvironments(sandbox_url, token))
+            stats = warm_up_job(job, model_path, out, lambda: SandboxEnvironments(sandbox_url, token))
+            # beside the model: demonstrations, losses, the landing checks and their further rounds
+            (Path(out).parent / "warmup.json").write_text(json.dumps(stats, indent=1) + "\n")
             return out
 
     solve_rate = None

@@ -189,6 +189,37 @@ def test_a_short_warm_up_makes_a_tiny_model_call_tools(sandbox, tiny, tmp_path):
     assert isinstance(parse_tool_call(text), ToolCall), text
 
 
+def landing_job(min_correct_edit: float, max_rounds: int = 2) -> RLJob:
+    warmup = {"demonstrations": 8, "expertFraction": 1.0, "steps": 10, "learningRate": 5e-3, "batchSize": 4}
+    landing = {"minCorrectEdit": min_correct_edit, "probeTasks": 4, "extraSteps": 40, "learningRate": 5e-3}
+    return RLJob.model_validate(
+        with_spec(training={"seed": 2, "warmup": {**warmup, "landing": {**landing, "maxRounds": max_rounds}}})
+    )
+
+
+@pytest.mark.slow
+def test_a_warm_up_below_its_landing_floor_trains_on_and_the_correct_edit_grows_likelier(sandbox, tiny, tmp_path):
+    # a floor no 90-step model reaches: every further round runs, each check is reported
+    stats = warm_up(landing_job(0.99), tiny, tmp_path / "warm", sandboxes(sandbox))
+    checks = stats["correct_edit"]
+    assert stats["extra_rounds"] == 2 and len(checks) == 3
+    assert stats["steps"] == 10 + 2 * 40
+    assert checks[-1] > 10 * checks[0], checks  # the further steps are what lifts the edit
+
+
+def test_a_warm_up_that_landed_stops_at_its_first_check(sandbox, tiny, tmp_path):
+    stats = warm_up(landing_job(1e-200), tiny, tmp_path / "warm", sandboxes(sandbox))
+    assert stats["extra_rounds"] == 0 and len(stats["correct_edit"]) == 1 and stats["steps"] == 10
+
+
+def test_a_warm_up_without_a_landing_floor_probes_nothing(sandbox, tiny, tmp_path):
+    job = RLJob.model_validate(
+        with_spec(training={"seed": 2, "warmup": {"demonstrations": 4, "steps": 2, "batchSize": 2}})
+    )
+    stats = warm_up(job, tiny, tmp_path / "warm", sandboxes(sandbox))
+    assert stats["correct_edit"] == [] and stats["extra_rounds"] == 0
+
+
 def test_an_unchanged_wrong_edit_copies_the_buggy_text_back(train_tasks):
     """`wrongEdit: unchanged`: the edit quotes the buggy text as both old and new (the tests still fail, and
     submitting scores 0); the fix never appears in a trained call."""

@@ -9,6 +9,7 @@ scores the action's tokens under a model by teacher forcing. Probes only measure
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,33 @@ def action_logprob(model, probe: ActionProbe) -> float:
     return torch.log_softmax(logits, -1).gather(-1, targets[:, None]).sum().item()
 
 
+def mean_probability(model, probes: Sequence[ActionProbe], action: str = EDIT) -> float:
+    """The mean probability of `action` over the probes of that kind (how often a policy sampling at
+    temperature 1 would take it there): the warm-up's landing check."""
+    values = [math.exp(action_logprob(model, p)) for p in probes if p.action == action]
+    if not values:
+        raise ValueError(f"no '{action}' probes to score")
+    return sum(values) / len(values)
+
+
+async def play_probes(
+    tasks: Sequence[Task], environments: Callable[[], Environments], chat: ChatFormat, system_prompt: str
+) -> list[ActionProbe]:
+    """Both probes of every task, played one task at a time in environments from `environments()`."""
+    opened = environments()
+    probes: list[ActionProbe] = []
+    try:
+        for task in tasks:
+            env = opened.open()
+            try:
+                probes += await swe_toy_probes(env, chat, system_prompt, task)
+            finally:
+                await env.close()
+    finally:
+        await opened.aclose()
+    return probes
+
+
 def mean_logprobs(model, probes: Sequence[ActionProbe]) -> dict[str, float]:
     """The mean log-probability of each kind of action over `probes`."""
     out: dict[str, list[float]] = {}
@@ -90,22 +118,7 @@ def credit_report(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(before))
-
-    async def play() -> list[ActionProbe]:
-        opened = environments()
-        probes: list[ActionProbe] = []
-        try:
-            for task in tasks:
-                env = opened.open()
-                try:
-                    probes += await swe_toy_probes(env, chat, system_prompt, task)
-                finally:
-                    await env.close()
-        finally:
-            await opened.aclose()
-        return probes
-
-    probes = asyncio.run(play())
+    probes = asyncio.run(play_probes(tasks, environments, chat, system_prompt))
     means = {}
     for name, folder in (("before", before), ("after", after)):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -200,6 +200,8 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         seed=job.spec.training.seed,
         on_step=progress,
     )
+    landing = land(job, out_path, [(d.token_ids, d.loss_mask) for d in demos], tasks, environments, chat)
+    losses += landing.pop("losses")
     fit_seconds = time.monotonic() - fit_started
     tail = losses[-10:]
     stats = {
@@ -209,6 +211,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         "steps": len(losses),
         "first_loss": round(losses[0], 4),
         "final_loss": round(sum(tail) / len(tail), 4),  # the mean of the last steps: one batch is noisy
+        **landing,
         "demo_seconds": round(demo_seconds, 1),
         "fit_seconds": round(fit_seconds, 1),
         "seconds": round(time.monotonic() - started, 1),
@@ -219,3 +222,60 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         flush=True,
     )
     return stats
+
+
+def land(
+    job: RLJob,
+    model_path: str | Path,
+    examples: list[tuple[list[int], list[int]]],
+    tasks: Sequence[Task],
+    environments: Callable[[], Environments],
+    chat: ChatFormat,
+) -> dict:
+    """The landing check (spec.training.warmup.landing): while the warmed-up model at `model_path` writes the
+    correct edit on the probe tasks with a mean probability below `minCorrectEdit`, fine-tune it further in
+    place. Returns {correct_edit (per check), extra_rounds, losses (of the further steps)}."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # action_probes builds on this module's scripted workflow, so it is imported here, not at the top
+    from kuberl_trainer.action_probes import mean_probability, play_probes
+
+    warmup = job.spec.training.warmup
+    rule = warmup.landing
+    if rule.min_correct_edit <= 0:
+        return {"correct_edit": [], "extra_rounds": 0, "losses": []}
+    probed = list(tasks[: rule.probe_tasks])
+    probes = asyncio.run(play_probes(probed, environments, chat, SWE_SYSTEM_PROMPT))
+    checks: list[float] = []
+    losses: list[float] = []
+    for round_ in range(rule.max_rounds + 1):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        checks.append(float(f"{mean_probability(model, probes):.4g}"))
+        del model
+        landed = checks[-1] >= rule.min_correct_edit
+        verdict = "landed" if landed else f"below landing.minCorrectEdit {rule.min_correct_edit:g}"
+        print(
+            f"warm-up: the policy writes the correct edit with probability {checks[-1]:.3g} on {len(probed)} "
+            f"training tasks ({verdict})",
+            flush=True,
+        )
+        if landed or round_ == rule.max_rounds:
+            break
+        print(f"warm-up: fine-tuning {rule.extra_steps} steps more (round {round_ + 1}/{rule.max_rounds})", flush=True)
+        losses += supervised_fit(
+            model_path,
+            examples,
+            model_path,
+            steps=rule.extra_steps,
+            learning_rate=rule.learning_rate,
+            batch_size=warmup.batch_size,
+            seed=job.spec.training.seed + round_ + 1,  # another draw of batches than the round before
+        )
+    if checks[-1] < rule.min_correct_edit:
+        print(
+            f"warm-up: warning: still below landing.minCorrectEdit after {rule.max_rounds} more rounds: RL starts "
+            f"with few successes to learn from",
+            flush=True,
+        )
+    return {"correct_edit": checks, "extra_rounds": len(checks) - 1, "losses": losses}
