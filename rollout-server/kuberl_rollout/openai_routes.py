@@ -39,7 +39,7 @@ from kuberl_rollout.state import State
 
 log = logging.getLogger("kuberl.rollout")
 _STARTED = int(time.time())
-DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 256}
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
 
 router = APIRouter(
@@ -80,7 +80,7 @@ async def completions(body: CompletionRequest, s: State) -> Completion | Streami
         raise OpenAIError(400, "prompt is empty", "prompt")
     if max(prompt_ids) >= len(tokenizer) or min(prompt_ids) < 0:
         raise OpenAIError(400, f"prompt token ids must lie in [0, {len(tokenizer)})", "prompt")
-    gen = await generate(s, prompt_ids, body, body.max_tokens or DEFAULT_MAX_TOKENS["completions"], "prompt")
+    gen = await generate(s, prompt_ids, body, body.max_tokens or COMPLETIONS_MAX_TOKENS, "prompt")
     head = _head(s)
     usage = _usage(prompt_ids, gen)
     if body.stream:
@@ -102,12 +102,14 @@ async def completions(body: CompletionRequest, s: State) -> Completion | Streami
 async def chat_completions(body: ChatRequest, s: State) -> ChatCompletion | StreamingResponse:
     refuse_unsupported(body)
     prompt_ids = openai_chat.prompt_ids(s.service.agent.chat, body)
-    gen = await generate(s, prompt_ids, body, chat_max_tokens(body), "messages")
+    gen = await generate(s, prompt_ids, body, chat_max_tokens(body, len(prompt_ids), s.context_tokens), "messages")
     return chat_answer(s, body, prompt_ids, gen)
 
 
-def chat_max_tokens(body: ChatRequest) -> int:
-    return body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS["chat"]
+def chat_max_tokens(body: ChatRequest, prompt_tokens: int, context_tokens: int) -> int:
+    """The request's limit, else (as OpenAI and vLLM do) whatever the context has left after the prompt. At
+    least 1: a prompt that fills the context is the engine's to refuse, with its own message."""
+    return body.max_completion_tokens or body.max_tokens or max(1, context_tokens - prompt_tokens)
 
 
 def chat_answer(

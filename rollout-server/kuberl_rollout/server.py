@@ -127,7 +127,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         partial = spec.rollout.partial_rollouts
         mode = "keep" if partial else "wait"
         assembler = BucketAssembler(expected_tensors(model_path))
-        return RolloutState(service, metrics, spec.model.uri, mode, assembler, partial_rollouts=partial)
+        return RolloutState(service, metrics, spec.model.uri, mode, assembler, max_len, partial_rollouts=partial)
 
     return create_app(build_state, shutdown=engine.shutdown)
 

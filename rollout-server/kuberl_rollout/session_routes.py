@@ -90,7 +90,7 @@ async def chat_completions(session_id: str, body: ChatRequest, s: State) -> Chat
         started = time.perf_counter()
         prompt = session.prompt(text)
         mismatch = prompt.new_segment and bool(session.segments)
-        max_tokens = chat_max_tokens(body)
+        max_tokens = chat_max_tokens(body, len(prompt.ids), s.context_tokens)
         budget = session.budget(prompt)
         if budget is not None and budget <= 0:
             raise OpenAIError(

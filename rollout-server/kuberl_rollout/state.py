@@ -22,6 +22,8 @@ class RolloutState:
     model_name: str
     update_mode: UpdateMode
     assembler: BucketAssembler
+    context_tokens: int
+    """The engine's context length (rollout.engine.maxModelLen): what a chat call without max_tokens may fill."""
     partial_rollouts: bool = False
 
 

@@ -48,6 +48,7 @@ class FakeEngine:
         self.tokenizer, self.version = tokenizer, 3
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
+        self.max_tokens: list[int] = []
         self.fail: Exception | None = None
 
     async def generate(self, prompt_ids, max_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None):
@@ -56,6 +57,7 @@ class FakeEngine:
         if self.fail is not None:
             raise self.fail
         self.prompts.append(list(prompt_ids))
+        self.max_tokens.append(max_tokens)
         rng = random.Random(hash((tuple(prompt_ids), seed)) if seed is not None else None)
         if self.script:
             ids = self.tokenizer.encode(self.script.pop(0), add_special_tokens=False)
@@ -81,7 +83,7 @@ def server(tokenizer):
     async def build_state() -> RolloutState:
         agent = Agent(engine, ChatFormat(tokenizer), "unused", EpisodeLimits())
         service = RolloutService(agent, [object()], resolve_reward("swe-toy-tests"), False, {}, 1, RolloutMetrics())
-        return RolloutState(service, service.metrics, MODEL, "wait", BucketAssembler({}))
+        return RolloutState(service, service.metrics, MODEL, "wait", BucketAssembler({}), CONTEXT)
 
     with TestClient(create_app(build_state), base_url="http://rollout") as http:
         client = openai.OpenAI(base_url="http://rollout/v1", api_key="unused", http_client=http, max_retries=0)
@@ -129,6 +131,17 @@ def test_a_chat_completion_carries_ids_logprobs_versions_and_usage(server, token
     )
     short = client.chat.completions.create(model=MODEL, messages=MESSAGES, seed=7, max_completion_tokens=4)
     assert short.usage.completion_tokens == 4 and short.choices[0].finish_reason == "length"
+
+
+def test_a_chat_call_without_max_tokens_may_fill_the_context_and_the_legacy_one_gets_16(server):
+    client, engine, _ = server
+    engine.script = ["word " * 300]  # longer than any fixed default short of the context
+    answer = client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    prompt = len(engine.prompts[-1])
+    assert engine.max_tokens[-1] == CONTEXT - prompt  # as OpenAI and vLLM: what the context has left
+    assert answer.choices[0].finish_reason == "stop" and answer.usage.completion_tokens > 300
+    client.completions.create(model=MODEL, prompt="def f(x):")
+    assert engine.max_tokens[-1] == 16  # OpenAI's default for the legacy endpoint
 
 
 def test_a_streamed_chat_completion_records_what_the_plain_answer_carries(server):

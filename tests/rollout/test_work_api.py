@@ -137,7 +137,7 @@ def rollout():
 
     async def build_state() -> RolloutState:
         made["service"] = service()
-        return RolloutState(made["service"], made["service"].metrics, "tiny", "wait", BucketAssembler(WEIGHTS))
+        return RolloutState(made["service"], made["service"].metrics, "tiny", "wait", BucketAssembler(WEIGHTS), 4096)
 
     wire: list[tuple[str, str, dict | None, dict]] = []
 
