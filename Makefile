@@ -46,8 +46,9 @@ $(HELM): | $(PY)
 	rm -rf $(CACHE)/helm
 	$@ version --short
 
+# --durations: the CI log names the slowest tests (where the suite's time goes when it nears its budget)
 test: install ## Run the whole test suite (installs first if needed)
-	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/pytest
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/pytest --durations=30
 
 # The inner loop: every test but the `slow` ones (training, real servers, live Prometheus) and the operator's
 # kopf-against-kmock runs; under 3 minutes on 2 cores. `make test` remains the gate.
