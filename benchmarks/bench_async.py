@@ -72,6 +72,10 @@ def summary(run_dir: Path) -> dict[str, float]:
         "reward_first_quarter": round(statistics.mean(x["reward_mean"] for x in lines[: len(tail)]), 4),
         "mean_staleness": round(statistics.mean(x["staleness_mean"] for x in lines), 3),
         "median_wait_s": round(statistics.median(x["wait_s"] for x in lines), 2),
+        # [seconds of RL, step, batch reward] per step: the report's async-against-sync plot
+        "curve": [
+            [round(x["time"] - lines[0]["time"] + lines[0]["step_s"], 1), x["step"], x["reward_mean"]] for x in lines
+        ],
     }
 
 

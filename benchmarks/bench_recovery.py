@@ -66,6 +66,12 @@ def measure(work: Path, model: Path, rollouts: int) -> dict[str, float]:
         "learner_extra_idle_s": round(sum(max(0.0, line["wait_s"] - normal_wait) for line in affected), 1),
         "median_step_s_before": round(normal_step, 2),
         "restarts": record.restarts,
+        # the report's recovery timeline: seconds from the kill to the replacement serving, and per step
+        # [seconds from the kill to the step's end, step seconds, learner wait seconds]
+        "timeline": {
+            "ready_s": round(ready - killed[0], 1),
+            "steps": [[round(x["time"] - killed[0], 1), x["step_s"], x["wait_s"]] for x in lines],
+        },
     }
 
 
