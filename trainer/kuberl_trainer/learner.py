@@ -39,7 +39,7 @@ from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
 from kuberl_trainer.cluster_status import ClusterStatus
 from kuberl_trainer.distributed import all_reduce_sums, broadcast_object, init_distributed
-from kuberl_trainer.export import export_policy, policy_blob
+from kuberl_trainer.export import export_policy, policy_buckets
 from kuberl_trainer.learner_metrics import PHASES, LearnerMetrics, StatusFile
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.publisher import WeightPublisher
@@ -288,9 +288,9 @@ def _driver(
 
 
 def _publish(model, driver: Driver | None, version: int) -> None:
-    blob = policy_blob(model)  # every rank takes part in gathering the full weights
+    buckets = policy_buckets(model)  # every rank takes part in gathering the full weights
     if driver:
-        driver.publisher.publish(version, blob)
+        driver.publisher.publish(version, buckets)
 
 
 def _checkpoint(checkpointer: Checkpointer, model, optimizer, state: TrainingState, driver: Driver | None) -> None:

@@ -15,22 +15,22 @@ class WeightPublisher:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_seconds = 0.0  # of the latest finished upload
-        self.latest: tuple[int, bytes] | None = None  # kept for servers that come back without it
+        self.latest: tuple[int, list[bytes]] | None = None  # kept for servers that come back without it
 
-    def publish(self, version: int, blob: bytes) -> None:
+    def publish(self, version: int, buckets: list[bytes]) -> None:
         self.wait()  # versions arrive in order: one upload at a time
-        self.latest = (version, blob)
+        self.latest = (version, buckets)
         if not self.background:
-            self._upload(version, blob)
+            self._upload(version, buckets)
             self.wait()
             return
-        self._thread = threading.Thread(target=self._upload, args=(version, blob), daemon=True)
+        self._thread = threading.Thread(target=self._upload, args=(version, buckets), daemon=True)
         self._thread.start()
 
-    def _upload(self, version: int, blob: bytes) -> None:
+    def _upload(self, version: int, buckets: list[bytes]) -> None:
         started = time.monotonic()
         try:
-            self.client.publish(version, blob)
+            self.client.publish(version, buckets)
         except BaseException as err:  # raised in the training loop by wait()
             self._error = err
         self.last_seconds = time.monotonic() - started

@@ -102,27 +102,29 @@ class RolloutClient:
             out.trajectories += body.trajectories
         return out
 
-    def publish(self, version: int, blob: bytes, servers: list[int] | None = None) -> list[int]:
-        """Send the weights of `version` to the servers (all by default); returns those that took them.
-        A server that is down gets them when it comes back."""
-        took, query = [], BucketQuery(of=1).wire()
+    def publish(self, version: int, buckets: list[bytes], servers: list[int] | None = None) -> list[int]:
+        """Send the weights of `version` (its safetensors buckets, one request each) to the servers (all by
+        default); returns those that took them. A server that is down gets them when it comes back."""
+        took, query = [], BucketQuery(of=len(buckets)).wire()
         for server in range(len(self.http)) if servers is None else servers:
             try:
-                self.http[server].put(f"/v1/weights/{version}/buckets/0", params=query, content=blob).raise_for_status()
+                for index, bucket in enumerate(buckets):
+                    url = f"/v1/weights/{version}/buckets/{index}"
+                    self.http[server].put(url, params=query, content=bucket).raise_for_status()
             except httpx.TransportError as err:
                 self._mark_down(server, err)
                 continue
             took.append(server)
         return took
 
-    def catch_up(self, server: int, version: int, blob: bytes) -> bool:
+    def catch_up(self, server: int, version: int, buckets: list[bytes]) -> bool:
         """Send `version` to one server unless it already serves it (or newer); True when it has it now."""
         try:
             served = self._policy(self.http[server]).version
         except httpx.TransportError as err:
             self._mark_down(server, err)
             return False
-        return served >= version or bool(self.publish(version, blob, [server]))
+        return served >= version or bool(self.publish(version, buckets, [server]))
 
     def served_versions(self) -> list[int]:
         versions = []
