@@ -100,12 +100,15 @@ def test_the_committed_baseline_feeds_every_goal_of_the_benchmarks_it_ran():
         "async": "async ÷ sync training steps per hour (same workload, same wall clock)",
         "operator_scale": "1,000 RLJobs: p99 to all children ÷ the emulator's floor",
         "sandbox_sessions": "sandbox: command p99 at 500 sessions, ms",
-        "recovery": "lost rollout server (two servers): seconds to full throughput again",
     }
     ran = [name for name in readers if name in baseline["results"]]
     assert ran, "the baseline holds none of the benchmarks that have goals"
     for name in ran:
         assert rows[readers[name]].measured is not None, f"baseline.json: {name} ran but its goal found no number"
+    # recovery's number may honestly be null (full throughput was not reached before the run ended); its key
+    # must still be where the report reads it
+    if "recovery" in baseline["results"]:
+        assert "full_throughput_again_s" in baseline["results"]["recovery"]["2_rollout_servers"]
 
 
 def test_an_unknown_benchmark_name_is_refused_with_the_known_ones():
