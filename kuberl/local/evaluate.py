@@ -82,8 +82,15 @@ def summary_line(summary: dict) -> str:
         f"held-out solve rate {summary['solve_rate']:.2f} ({summary['solved']}/{summary['episodes']} episodes "
         f"of {summary['tasks']} tasks), reward {summary['reward_mean']:.3f}, submitted {summary['submitted']}, "
         f"failed {summary['failed']}, {summary['seconds']:.0f}s"
+        + _unsubmitted(summary.get("finish_reasons", {}))
         + "".join(f"\n  {count} failed: {reason}" for reason, count in summary.get("errors", {}).items())
     )
+
+
+def _unsubmitted(finish_reasons: dict[str, int]) -> str:
+    """How the episodes that did not submit ended, other than by an error (the failed line says those)."""
+    rest = {reason: n for reason, n in finish_reasons.items() if reason not in ("submitted", "error")}
+    return f" (not submitted: {', '.join(f'{n} {reason}' for reason, n in rest.items())})" if rest else ""
 
 
 def write_summary(summary: dict, path: Path) -> None:

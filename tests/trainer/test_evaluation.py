@@ -86,6 +86,22 @@ def test_an_errored_episode_is_unsolved_and_counted():
     assert summary_line(result.summary()).endswith("\n  1 failed: sandbox failed")
 
 
+def test_the_summary_says_how_the_unsubmitted_episodes_ended():
+    task = load_tasks("swe-toy", split="test")[0]
+    endings = ["submitted", "max_turns", "max_turns", "max_tokens", "error"]
+
+    class Ending(FakeRolloutServer):
+        def collect(self, wait: float) -> Collected:
+            done, self.open = self.open, []
+            return Collected(
+                trajectories=[trajectory(g.group_id, g.task_id, 0.0, finish) for g in done for finish in endings]
+            )
+
+    result = evaluate(Ending({}, capacity=8), [task], episodes_per_task=len(endings), poll=0)
+    assert result.finish_reasons == {"max_turns": 2, "submitted": 1, "max_tokens": 1, "error": 1}
+    assert "(not submitted: 2 max_turns, 1 max_tokens)" in summary_line(result.summary())
+
+
 def test_the_resolved_flag_decides_solved_where_the_trajectory_carries_it():
     task = load_tasks("swe-toy", split="test")[0]
     # (reward, resolved): the flag wins over the reward; without it, a full reward solves

@@ -43,6 +43,9 @@ class Evaluation:
     """Episodes that ended with submit (the rest ran out of turns or tokens, or failed)."""
     failed: int
     """Episodes that ended with an error (sandbox or engine), counted as unsolved."""
+    finish_reasons: dict[str, int]
+    """How the episodes ended (`submitted`, `max_turns`, `max_tokens`, `timeout`, `error`) and how many ended so:
+    a policy that loops on broken calls shows as `max_turns`, one that gives up early as `submitted`."""
     errors: dict[str, int]
     """The commonest reasons of the failed episodes (at most three, cut at 160 characters) and their counts."""
     foreign: int
@@ -111,6 +114,7 @@ def _score(trajectories: list[Trajectory], tasks: int, foreign: int, seconds: fl
         reward_mean=sum(t.final_reward for t in trajectories) / len(trajectories),
         submitted=sum(t.finish_reason == FinishReason.SUBMITTED for t in trajectories),
         failed=sum(t.finish_reason == FinishReason.ERROR for t in trajectories),
+        finish_reasons=dict(Counter(str(t.finish_reason) for t in trajectories).most_common()),
         errors=dict(
             Counter(
                 (t.error or "no reason recorded")[:160] for t in trajectories if t.finish_reason == FinishReason.ERROR
