@@ -63,6 +63,9 @@ class Goal:
     """The goal (None: reported without one)."""
     better: Literal["higher", "lower"]
     unit: str = "×"
+    unreached: str | None = None
+    """A dotted path whose value, when present and null, means the benchmark ran and the thing measured never
+    happened in the run (full throughput never came back): reported as "not reached", not "not measured"."""
 
     def passes(self, measured: float | None) -> bool | None:
         if measured is None or self.target is None:
@@ -148,6 +151,7 @@ GOALS: tuple[Goal, ...] = (
         None,
         "lower",
         " s",
+        unreached="recovery.2_rollout_servers.full_throughput_again_s",
     ),
 )
 
@@ -164,6 +168,8 @@ class Row:
     baseline: float | None
     change: float | None
     """measured ÷ baseline − 1; positive is better for higher-is-better measures."""
+    unreached: bool = False
+    """The benchmark ran and recorded that what it waits for never happened (see Goal.unreached)."""
 
 
 def _number(value: float | None, unit: str = "") -> str:
@@ -171,6 +177,16 @@ def _number(value: float | None, unit: str = "") -> str:
         return "not measured"
     text = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return text + unit
+
+
+def is_null_at(results: Results, path: str) -> bool:
+    """The dotted path exists in the results and holds null."""
+    value: Any = results
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return False
+        value = value[key]
+    return value is None
 
 
 def rows(results: Results, baseline: Results | None = None) -> list[Row]:
@@ -190,6 +206,7 @@ def rows(results: Results, baseline: Results | None = None) -> list[Row]:
                 passed=goal.passes(measured),
                 baseline=before,
                 change=None if measured is None or not before else measured / before - 1,
+                unreached=measured is None and goal.unreached is not None and is_null_at(results, goal.unreached),
             )
         )
     return out
@@ -220,8 +237,9 @@ def render_markdown(report: dict[str, Any], table: list[Row], baseline: dict[str
     ]
     verdict = {True: "yes", False: "**no**", None: "—"}
     for row in table:
+        shown = "not reached in the run" if row.unreached else _number(row.measured, row.unit)
         lines.append(
-            f"| {row.measure} | {row.goal} | {_number(row.measured, row.unit)} | "
+            f"| {row.measure} | {row.goal} | {shown} | "
             f"{'—' if row.ratio is None else f'{row.ratio:.2f}'} | {verdict[row.passed]} | "
             f"{'—' if row.baseline is None else _number(row.baseline, row.unit)} | "
             f"{'—' if row.change is None else f'{row.change:+.0%}'} | {machine} | `{commit}` |"
@@ -230,8 +248,8 @@ def render_markdown(report: dict[str, Any], table: list[Row], baseline: dict[str
     lines += [
         "",
         f"{sum(bool(r.passed) for r in measured)} of {len(measured)} goals measured in this run are met; "
-        f"{sum(r.measured is None for r in table)} measures were not measured (their benchmark did not run "
-        "or skipped them).",
+        f"{sum(r.measured is None and not r.unreached for r in table)} measures were not measured (their benchmark "
+        "did not run or skipped them).",
     ]
     for name, error in sorted(report.get("failed", {}).items()):
         lines.append(f"\n**{name} failed**: `{error.splitlines()[0] if error else '?'}` (results.json has the rest)")

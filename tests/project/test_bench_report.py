@@ -59,6 +59,16 @@ def test_each_goal_is_judged_from_the_results_and_an_unmeasured_one_never_passes
     assert rows["memory plan: largest error against the measured peak"].measured is None  # did not run
 
 
+def test_a_recovery_that_never_came_back_reads_not_reached_not_unmeasured():
+    run = results()
+    run["recovery"]["2_rollout_servers"]["full_throughput_again_s"] = None  # the run ended first
+    row = by_measure(bench_report.rows(run))["lost rollout server (two servers): seconds to full throughput again"]
+    assert row.measured is None and row.unreached
+    del run["recovery"]
+    row = by_measure(bench_report.rows(run))["lost rollout server (two servers): seconds to full throughput again"]
+    assert row.measured is None and not row.unreached  # the benchmark did not run
+
+
 def test_the_change_against_the_baseline_shows_a_regression():
     rows = by_measure(bench_report.rows(results(async_ratio=1.0, stall=0.3), baseline=results()))
     checkpoint = rows["checkpoint stall ÷ blocking save, SmolLM2-135M with AdamW"]
