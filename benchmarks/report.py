@@ -26,14 +26,23 @@ BASELINE = HERE / "baseline.json"
 Results = dict[str, Any]  # benchmark name -> what its run() returned
 
 
-def dig(results: Results, path: str) -> float | None:
-    """The number at a dotted path of the results (`rollout.throughput.500.generated_tokens_per_s`), or None
-    when a benchmark did not run or skipped that measure (it returns a sentence instead of numbers)."""
+_ABSENT = object()
+
+
+def _at(results: Results, path: str) -> Any:
+    """The value at a dotted path of the results, or _ABSENT where the path does not exist."""
     value: Any = results
     for key in path.split("."):
         if not isinstance(value, dict) or key not in value:
-            return None
+            return _ABSENT
         value = value[key]
+    return value
+
+
+def dig(results: Results, path: str) -> float | None:
+    """The number at a dotted path of the results (`rollout.throughput.500.generated_tokens_per_s`), or None
+    when a benchmark did not run or skipped that measure (it returns a sentence instead of numbers)."""
+    value = _at(results, path)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -72,6 +81,8 @@ class Goal:
             return None
         return measured >= self.target if self.better == "higher" else measured <= self.target
 
+
+FULL_THROUGHPUT_AGAIN = "recovery.2_rollout_servers.full_throughput_again_s"
 
 GOALS: tuple[Goal, ...] = (
     Goal(
@@ -147,11 +158,11 @@ GOALS: tuple[Goal, ...] = (
     ),
     Goal(
         "lost rollout server (two servers): seconds to full throughput again",
-        lambda r: dig(r, "recovery.2_rollout_servers.full_throughput_again_s"),
+        lambda r: dig(r, FULL_THROUGHPUT_AGAIN),
         None,
         "lower",
         " s",
-        unreached="recovery.2_rollout_servers.full_throughput_again_s",
+        unreached=FULL_THROUGHPUT_AGAIN,
     ),
 )
 
@@ -179,16 +190,6 @@ def _number(value: float | None, unit: str = "") -> str:
     return text + unit
 
 
-def is_null_at(results: Results, path: str) -> bool:
-    """The dotted path exists in the results and holds null."""
-    value: Any = results
-    for key in path.split("."):
-        if not isinstance(value, dict) or key not in value:
-            return False
-        value = value[key]
-    return value is None
-
-
 def rows(results: Results, baseline: Results | None = None) -> list[Row]:
     """One row per goal: the measured value against its goal and against the baseline run (pure)."""
     out = []
@@ -206,7 +207,7 @@ def rows(results: Results, baseline: Results | None = None) -> list[Row]:
                 passed=goal.passes(measured),
                 baseline=before,
                 change=None if measured is None or not before else measured / before - 1,
-                unreached=measured is None and goal.unreached is not None and is_null_at(results, goal.unreached),
+                unreached=measured is None and goal.unreached is not None and _at(results, goal.unreached) is None,
             )
         )
     return out

@@ -19,6 +19,7 @@ from pathlib import Path
 from kuberl.api import env_vars
 from kuberl.api.environment import Task
 from kuberl.api.rljob import RLJob
+from kuberl.api.trajectory import FinishReason
 from kuberl.local.processes import Ports, plan
 from kuberl.local.supervisor import Supervisor
 from kuberl_sandbox.local import free_port
@@ -89,7 +90,9 @@ def summary_line(summary: dict) -> str:
 
 def _unsubmitted(finish_reasons: dict[str, int]) -> str:
     """How the episodes that did not submit ended, other than by an error (the failed line says those)."""
-    rest = {reason: n for reason, n in finish_reasons.items() if reason not in ("submitted", "error")}
+    rest = {
+        reason: n for reason, n in finish_reasons.items() if reason not in (FinishReason.SUBMITTED, FinishReason.ERROR)
+    }
     return f" (not submitted: {', '.join(f'{n} {reason}' for reason, n in rest.items())})" if rest else ""
 
 

@@ -106,15 +106,16 @@ def evaluate(
 
 def _score(trajectories: list[Trajectory], tasks: int, foreign: int, seconds: float) -> Evaluation:
     solved = sum(is_solved(t) for t in trajectories)
+    endings = Counter(str(t.finish_reason) for t in trajectories)
     return Evaluation(
         tasks=tasks,
         episodes=len(trajectories),
         solved=solved,
         solve_rate=solved / len(trajectories),
         reward_mean=sum(t.final_reward for t in trajectories) / len(trajectories),
-        submitted=sum(t.finish_reason == FinishReason.SUBMITTED for t in trajectories),
-        failed=sum(t.finish_reason == FinishReason.ERROR for t in trajectories),
-        finish_reasons=dict(Counter(str(t.finish_reason) for t in trajectories).most_common()),
+        submitted=endings[FinishReason.SUBMITTED],
+        failed=endings[FinishReason.ERROR],
+        finish_reasons=dict(endings.most_common()),
         errors=dict(
             Counter(
                 (t.error or "no reason recorded")[:160] for t in trajectories if t.finish_reason == FinishReason.ERROR
