@@ -175,8 +175,11 @@ class RolloutService:
             self._may_start.set()
 
     async def take(self, limit: int, wait_s: float) -> list[Trajectory]:
-        """Up to `limit` finished trajectories, waiting up to `wait_s` for the first (long-poll)."""
-        if not self._outbox and wait_s > 0:
+        """Up to `limit` finished trajectories, waiting up to `wait_s` for the first (long-poll) while an episode
+        is open: a server with nothing running answers at once. (The learner polls its servers one after the
+        other; an idle one that held every poll for its share of the wait added 2.5 s to each step of a
+        two-server job whose replacement server had no groups yet.)"""
+        if not self._outbox and wait_s > 0 and self._open_episodes > 0:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=wait_s)

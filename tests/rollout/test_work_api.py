@@ -116,6 +116,20 @@ async def test_a_group_stays_until_its_last_trajectory_is_taken():
     assert rollout.describe(group.group_id).finished == 3
 
 
+async def test_a_server_with_no_episode_open_answers_a_long_poll_at_once():
+    rollout = service()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await rollout.take(8, wait_s=30) == []  # nothing can arrive: no waiting for it
+    assert loop.time() - started < 1.0
+    group = rollout.submit(SLOW.task_id, None, 1, seed=4)
+    waiting = asyncio.create_task(rollout.take(8, wait_s=30))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # an episode is open: the poll waits for it
+    rollout.agent.release.set()
+    assert [t.group_id for t in await asyncio.wait_for(waiting, 5)] == [group.group_id]
+
+
 async def test_a_cancelled_group_is_forgotten_when_its_episodes_end():
     rollout = service()
     group = rollout.submit(SLOW.task_id, None, 2, seed=3)

@@ -12,6 +12,7 @@ Requests and answers are the models of `kuberl.api.rollout_http`, the ones the s
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -21,6 +22,9 @@ from kuberl.api.rollout_http import AcceptedGroup, BucketQuery, Policy, SubmitGr
 from kuberl.api.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
+MIN_EMPTY_COLLECT_S = 0.2
+"""A collect that found nothing lasts at least this long: servers with no episode open answer at once (they
+have nothing to wait for), and a caller looping on collect must not spin."""
 
 
 class NoRolloutServer(RuntimeError):
@@ -80,6 +84,7 @@ class RolloutClient:
         """Finished trajectories from every server (long-polling each up to `wait` / servers seconds), and
         which servers were lost or came back since the last call."""
         out = Collected()
+        started = time.monotonic()
         query = TrajectoryQuery(wait=wait / len(self.http), limit=1024).wire()
         for server, http in enumerate(self.http):
             try:
@@ -100,6 +105,8 @@ class RolloutClient:
                     out.lost.append(server)  # restarted between two polls: its groups are gone too
             self.down.discard(server)
             out.trajectories += body.trajectories
+        if not out.trajectories:
+            time.sleep(max(0.0, min(wait, MIN_EMPTY_COLLECT_S) - (time.monotonic() - started)))
         return out
 
     def publish(self, version: int, buckets: list[bytes], servers: list[int] | None = None) -> list[int]:
