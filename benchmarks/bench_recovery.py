@@ -9,9 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
-# with two servers a step takes about 3.7 s and the replacement serves about 28 s after the kill: 20 steps
-# after it leave time to see the replacement join (with 8, the 2-server run ended before it served)
-KILL_AT, STEPS = 4, 24
+# the replacement serves about 27 s after the kill. With two servers a step took about 3.7 s while an idle
+# server held each of the learner's polls for its share of the wait; since it answers at once, 1.3-1.5 s
+# (3 s while one server is down), so 20 steps after the kill only just see the replacement join: 28 do
+KILL_AT, STEPS = 4, 32
 
 
 def measure(work: Path, model: Path, rollouts: int) -> dict[str, float]:
