@@ -80,7 +80,7 @@ class AcceptedGroup(GroupInfo):
 # ------------------------------------------------------------------------------------- trajectories
 class TrajectoryQuery(RolloutRequest):
     """`GET /v1/trajectories?wait=&limit=`: up to `limit` finished trajectories, waiting up to `wait`
-    seconds for the first (long-poll)."""
+    seconds for the first (long-poll) while an episode is open; a server with none open answers at once."""
 
     model_config = ConfigDict(extra="ignore")  # a query string may carry parameters of other tools
 
