@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 
-from kuberl.api.environment import RewardContext, RewardFunction, Task
+from kuberl.api.environment import RewardContext, RewardFunction, StepResult, Task, ToolCall
 
 _REGISTRY: dict[str, RewardFunction] = {}
 
@@ -57,6 +57,59 @@ def resolve_reward(ref: str) -> RewardFunction:
     return fn
 
 
+class EpisodeScorer:
+    """Scores one episode's steps with the job's reward functions, the same way for every environment: the final
+    reward on the step that ends the episode, else the intermediate reward (if enabled) plus `process_weight`
+    times the process score (if any), else no reward."""
+
+    def __init__(
+        self,
+        reward_fn: RewardFunction,
+        intermediate_rewards: bool = False,
+        process_reward: RewardFunction | None = None,
+        process_weight: float = 0.0,
+    ) -> None:
+        self.reward_fn, self.intermediate_rewards = reward_fn, intermediate_rewards
+        self.process_reward, self.process_weight = process_reward, process_weight
+        self.task: Task | None = None
+        self.actions: list[ToolCall] = []
+        self.results: list[StepResult] = []
+
+    def start(self, task: Task) -> None:
+        """A new episode on `task`: the steps so far are forgotten."""
+        self.task, self.actions, self.results = task, [], []
+
+    def score(self, action: ToolCall, result: StepResult) -> StepResult:
+        """Record what `action` returned; `result` with its reward as the agent is to see it."""
+        self.actions.append(action)
+        self.results.append(result)
+        if result.done:
+            return result.model_copy(update={"reward": self.final_reward()})
+        if self.intermediate_rewards or self.process_reward is not None:
+            return result.model_copy(update={"reward": self._step_reward()})
+        return result
+
+    def _step_reward(self) -> float | None:
+        context = self._context(final=False)
+        intermediate = self.reward_fn(context) if self.intermediate_rewards else None
+        if self.process_reward is None:
+            return intermediate
+        score = self.process_reward(context)
+        return (intermediate or 0.0) + self.process_weight * (score or 0.0)
+
+    def final_reward(self) -> float:
+        """The outcome reward of the episode so far (0 for an episode cut off before it ended, or never started)."""
+        if self.task is None:
+            return 0.0
+        value = self.reward_fn(self._context(final=True))
+        return float(value) if value is not None else 0.0
+
+    def _context(self, final: bool) -> RewardContext:
+        if self.task is None:
+            raise RuntimeError("no episode to score: call start(task) first")
+        return RewardContext(task=self.task, actions=self.actions, results=self.results, final=final)
+
+
 def _test_fraction(info: dict, key: str) -> float | None:
     tests = info.get(key)
     return float(tests["fraction"]) if isinstance(tests, dict) and "fraction" in tests else None
@@ -83,6 +136,20 @@ def swe_toy_tests_reward(ctx: RewardContext) -> float | None:
         return None
     earlier = [f for r in ctx.results[:-1] if (f := _test_fraction(r.info, "tests")) is not None]
     return now - earlier[-1] if earlier else None
+
+
+ENVIRONMENT_REWARD = "environmentReward"
+"""The `StepResult.info` key under which an environment that scores its own steps (an OpenEnv environment's
+`Observation.reward`) reports the reward it gave; reward functions read it there."""
+
+
+@reward("openenv-return")
+def openenv_return_reward(ctx: RewardContext) -> float | None:
+    """Outcome: the episode's return, the sum of the rewards the environment gave over its steps (0.0 when it gave
+    none). No intermediate reward: the return already counts every step's."""
+    if not ctx.final:
+        return None
+    return float(sum(r.info.get(ENVIRONMENT_REWARD) or 0.0 for r in ctx.results))
 
 
 _NOT_RESOLVABLE = (

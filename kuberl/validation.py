@@ -20,7 +20,14 @@ from pydantic import BaseModel, ValidationError
 from kuberl.agents import resolve_agent
 from kuberl.api.base import CROSS_FIELD_ERROR
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import AGENT_REF_PATTERN, API_VERSION, KIND, REWARD_REF_PATTERN
+from kuberl.api.spec import (
+    AGENT_REF_PATTERN,
+    API_VERSION,
+    ENVIRONMENT_NAME_PATTERN,
+    KIND,
+    REWARD_REF_PATTERN,
+    openenv_class,
+)
 from kuberl.api.types import DNS_LABEL_PATTERN, IMAGE_PATTERN
 
 STDIN = "-"
@@ -98,7 +105,24 @@ def validate_document(data: Any, source: str) -> DocumentResult:
             resolve_agent(agent)
         except ValueError as err:
             result.problems.append(Problem(source, "spec.environment.agent", str(err)))
+    openenv = openenv_class(result.job.spec.environment.name)
+    if openenv is not None:  # the class must import where the job is checked, as where it runs
+        if problem := _openenv_problem(openenv):
+            result.problems.append(Problem(source, "spec.environment.name", problem))
     return result
+
+
+def _openenv_problem(ref: str) -> str | None:
+    """Why the OpenEnv environment class `ref` cannot be played, or None."""
+    try:
+        from kuberl.integrations.openenv_adapter import resolve_openenv_class
+    except ImportError as err:
+        return f"OpenEnv environment {ref!r} needs the openenv-core package (pip install 'kuberl[agents]'): {err}"
+    try:
+        resolve_openenv_class(ref)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def validate_files(paths: Iterable[str]) -> list[DocumentResult]:
@@ -209,6 +233,8 @@ _PATTERN_MEANING = {
     IMAGE_PATTERN: "must be a container image reference without spaces",
     REWARD_REF_PATTERN: "must be a registered reward name or module:function",
     AGENT_REF_PATTERN: "must be module:function (an async function of the agent's package)",
+    ENVIRONMENT_NAME_PATTERN: "must be a built-in environment such as 'swe-toy', or openenv:module:Class (an OpenEnv "
+    "Environment subclass)",
 }
 
 

@@ -198,6 +198,34 @@ class Environment(Protocol):
         ...
 
 
+class EnvironmentFailure(RuntimeError):
+    """The environment itself failed (a sandbox server's error, an environment library's exception): the
+    episode ends with finish reason `error` and this message, and the server goes on serving."""
+
+
+@runtime_checkable
+class ScoredEnvironment(Environment, Protocol):
+    """An environment as the rollout tier plays it: scored by the job's reward function, and able to say how
+    the episode ended. Agent loops depend on this, not on a concrete environment."""
+
+    @property
+    def session_id(self) -> str | None:
+        """The id of the open session or episode (recorded on the trajectory); None before reset or after close."""
+        ...
+
+    def final_reward(self) -> float:
+        """The outcome reward of the episode so far (0 for an episode cut off before it ended)."""
+        ...
+
+    def resolved(self) -> bool | None:
+        """Whether the episode resolved its task, where the task says what that means; None otherwise."""
+        ...
+
+    def tampering(self) -> str | None:
+        """Why a test report of the episode was judged forged (a TamperingReason value), or None."""
+        ...
+
+
 @runtime_checkable
 class Environments(Protocol):
     """Opens an environment per episode and releases what they share (the rollout tier's sandbox client,

@@ -288,11 +288,26 @@ AGENT_REF_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 AgentRef = Annotated[str, Field(min_length=3, max_length=256, pattern=AGENT_REF_PATTERN)]
 
 
+OPENENV_PREFIX = "openenv:"
+ENVIRONMENT_NAME_PATTERN = (
+    r"^([A-Za-z0-9][A-Za-z0-9_.\-]*|openenv:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+)
+
+
+def openenv_class(name: str) -> str | None:
+    """The `module:Class` of an OpenEnv environment named `openenv:module:Class`, or None for a built-in name."""
+    return name.removeprefix(OPENENV_PREFIX) if name.startswith(OPENENV_PREFIX) else None
+
+
 class EnvironmentSpec(ApiModel):
     """The agent's world: which environment, which tasks, and how long an episode may run."""
 
-    name: Annotated[str, Field(min_length=1, max_length=128)] = "swe-toy"
-    """Registered environment name."""
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=ENVIRONMENT_NAME_PATTERN)] = "swe-toy"
+    """A built-in environment (`swe-toy`: sandbox sessions on the swe-toy suite), or `openenv:module:Class`: an
+    OpenEnv environment (a subclass of openenv's `Environment`), played in the rollout server's process, one
+    instance per episode; its tasks are reset seeds (task `seed-i` resets with seed i; a task file's
+    `metadata.seed` and `metadata.resetArgs` are the reset's arguments). Score it with reward `openenv-return`
+    (the sum of the rewards it gave) or a function of yours."""
     tasks: TaskSource = Field(default_factory=TaskSource)
     """Task source and split."""
     max_turns: int = Field(16, ge=1, le=10_000)
@@ -665,6 +680,17 @@ class RLJobSpec(ApiModel):
             explain=lambda s: (
                 f"must not exceed model.maxContextTokens ({s.model.max_context_tokens}), "
                 f"got {s.rollout.engine.max_model_len}"
+            ),
+        ),
+        CrossFieldRule(
+            field="reward.function",
+            cel=f"!self.environment.name.startsWith('{OPENENV_PREFIX}') || self.reward.function != 'swe-toy-tests'",
+            message="an OpenEnv environment is not scored by swe-toy-tests; use openenv-return or a function of yours",
+            holds=lambda s: openenv_class(s.environment.name) is None or s.reward.function != "swe-toy-tests",
+            explain=lambda s: (
+                f"environment.name {s.environment.name!r} is an OpenEnv environment, which swe-toy-tests cannot score "
+                "(it reads a sandbox's hidden tests); use openenv-return (the sum of the rewards the environment "
+                "gave) or a function of yours"
             ),
         ),
         CrossFieldRule(

@@ -17,10 +17,20 @@ from kuberl.api.environment import ToolCall
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
-SWE_SYSTEM_PROMPT = (
-    "You fix bugs in small Python repositories. Each turn, call exactly one tool as "
-    '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>. Tools: read_file(path), '
-    "replace(path, old, new), run_tests(), submit(). Read the failing test, fix the code, run the tests, submit."
+
+
+def system_prompt(intro: str, tools: list[str], advice: str) -> str:
+    """An agent's system prompt: what it does, how it writes a tool call, its tools (as `name(arg, ...)`), advice."""
+    return (
+        f'{intro} Each turn, call exactly one tool as {OPEN}{{"name": NAME, "arguments": {{...}}}}{CLOSE}. '
+        f"Tools: {', '.join(tools)}. {advice}"
+    )
+
+
+SWE_SYSTEM_PROMPT = system_prompt(
+    "You fix bugs in small Python repositories.",
+    ["read_file(path)", "replace(path, old, new)", "run_tests()", "submit()"],
+    "Read the failing test, fix the code, run the tests, submit.",
 )
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from kuberl.api.environment import Task
-from kuberl.api.spec import EnvironmentSpec, TaskSplit
-from kuberl.suites import swe_toy
+from kuberl.api.spec import EnvironmentSpec, TaskSplit, openenv_class
+from kuberl.suites import seeds, swe_toy
 from kuberl.suites.store import read_jsonl
 
 BUILTIN_SUITES: dict[str, Callable[..., list[Task]]] = {
@@ -25,12 +25,14 @@ def load_tasks(name: str, uri: str | None = None, split: str | None = None, coun
         tasks = _read_s3(uri)
     elif uri is not None:
         tasks = read_jsonl(_local_path(uri))
-    elif name in BUILTIN_SUITES:
-        tasks = BUILTIN_SUITES[name]() if count is None else BUILTIN_SUITES[name](count=count)
+    elif name in BUILTIN_SUITES or openenv_class(name) is not None:
+        generate = BUILTIN_SUITES.get(name, seeds.generate)  # an OpenEnv environment's tasks are reset seeds
+        tasks = generate() if count is None else generate(count=count)
     else:
         known = ", ".join(sorted(BUILTIN_SUITES))
         raise ValueError(
-            f"unknown built-in task suite {name!r}; known suites: {known} (or set tasks.uri to a JSONL file)"
+            f"unknown built-in task suite {name!r}; known suites: {known}, or openenv:module:Class for an OpenEnv "
+            "environment's reset seeds (or set tasks.uri to a JSONL file)"
         )
     return tasks if wanted is None else [task for task in tasks if task.split == wanted]
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 
-from kuberl.api.environment import Task
+from kuberl.api.environment import EnvironmentFailure, ScoredEnvironment, Task
 from kuberl.api.trajectory import NOT_GENERATED, FinishReason, Trajectory, Turn
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import ParseError, parse_tool_call
 from kuberl_rollout.engine import RolloutEngine
-from kuberl_rollout.sandbox_client import SandboxEnvironment, SandboxError
+from kuberl_rollout.sandbox_client import SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ class Agent:
         if self.observe is not None:
             self.observe(phase, seconds)
 
-    async def run(self, env: SandboxEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory:
-        """One episode of `task`; never raises for what the model or the sandbox does."""
+    async def run(self, env: ScoredEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory:
+        """One episode of `task`; never raises for what the model or the environment does."""
         started = time.monotonic()
         episode = EpisodeState()
         try:
@@ -121,9 +121,12 @@ class Agent:
         except (SandboxError, httpx.HTTPError) as err:
             episode.finish, episode.error = FinishReason.ERROR, f"sandbox failed: {err or type(err).__name__}"
             log.warning("episode of task %s in group %s: %s", task.task_id, group_id, episode.error)
+        except EnvironmentFailure as err:
+            episode.finish, episode.error = FinishReason.ERROR, f"environment failed: {err}"
+            log.warning("episode of task %s in group %s: %s", task.task_id, group_id, episode.error)
         finally:
             session_id = env.session_id
-            with contextlib.suppress(SandboxError, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
+            with contextlib.suppress(EnvironmentFailure, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
                 await asyncio.wait_for(env.close(), timeout=10)
         record = episode.record
         if record is None:  # the sandbox failed before the first prompt existed
@@ -144,7 +147,7 @@ class Agent:
             timings=episode.timings,
         )
 
-    async def _loop(self, env: SandboxEnvironment, task: Task, seed: int | None, episode: EpisodeState) -> FinishReason:
+    async def _loop(self, env: ScoredEnvironment, task: Task, seed: int | None, episode: EpisodeState) -> FinishReason:
         """Open the session, then take turns; why the episode ended."""
         t0 = time.monotonic()
         observation = await asyncio.wait_for(env.reset(task), self.limits.turn_timeout_s)
@@ -157,7 +160,7 @@ class Agent:
         return FinishReason.MAX_TURNS
 
     async def _turn(
-        self, env: SandboxEnvironment, record: TokenRecord, seed: int | None, episode: EpisodeState
+        self, env: ScoredEnvironment, record: TokenRecord, seed: int | None, episode: EpisodeState
     ) -> FinishReason | None:
         """Generate, run the tool call, append the observation; the finish reason when the episode ends here."""
         budget = min(self.limits.max_tokens_per_turn, self.limits.max_tokens - len(record.token_ids))

@@ -17,11 +17,10 @@ from typing import Any
 import httpx
 
 from kuberl.api.agents import AgentEntryPoint
-from kuberl.api.environment import StepResult, Task, ToolCall
+from kuberl.api.environment import EnvironmentFailure, ScoredEnvironment, StepResult, Task, ToolCall
 from kuberl.api.trajectory import FinishReason, Trajectory
 from kuberl.modeling.chat import ChatFormat
 from kuberl_rollout.agent import EpisodeLimits
-from kuberl_rollout.sandbox_client import SandboxEnvironment, SandboxError
 from kuberl_rollout.sessions import RecordedSession, SessionStore
 
 
@@ -35,7 +34,7 @@ class EpisodeEnvironment:
 
     def __init__(
         self,
-        env: SandboxEnvironment,
+        env: ScoredEnvironment,
         observation: str,
         session: RecordedSession,
         limits: EpisodeLimits,
@@ -99,7 +98,7 @@ class ExternalAgent:
     limits: EpisodeLimits
     observe: Callable[[str, float], None] | None = None
 
-    async def run(self, env: SandboxEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory:
+    async def run(self, env: ScoredEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory:
         """One episode of `task`; never raises for what the agent or the sandbox does (cancellation aside)."""
         session = self.sessions.open(self.server_url, task, group_id, self.limits.max_tokens, episode=True)
         finish, error = FinishReason.SUBMITTED, None
@@ -117,7 +116,7 @@ class ExternalAgent:
             finish = FinishReason.MAX_TURNS
         except TimeoutError:
             finish = FinishReason.TIMEOUT
-        except (SandboxError, httpx.HTTPError) as err:
+        except (EnvironmentFailure, httpx.HTTPError) as err:
             finish, error = FinishReason.ERROR, f"{type(err).__name__}: {err}"
         except Exception as err:  # the agent's own failure: this episode's, not the server's
             finish, error = FinishReason.ERROR, f"agent {self.name} raised {type(err).__name__}: {err}"
@@ -125,7 +124,7 @@ class ExternalAgent:
             if not session.closed:
                 self.sessions.close(session)
             sandbox_session = env.session_id
-            with contextlib.suppress(SandboxError, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
+            with contextlib.suppress(EnvironmentFailure, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
                 await asyncio.wait_for(env.close(), timeout=10)
         if finish == FinishReason.ERROR:
             reward = 0.0

@@ -17,7 +17,15 @@ from typing import Any
 
 import httpx
 
-from kuberl.api.environment import RewardContext, RewardFunction, Snapshot, StepResult, Task, ToolCall
+from kuberl.api.environment import (
+    EnvironmentFailure,
+    RewardContext,
+    RewardFunction,
+    Snapshot,
+    StepResult,
+    Task,
+    ToolCall,
+)
 from kuberl.api.sandbox_http import (
     Body,
     CreateSession,
@@ -30,6 +38,7 @@ from kuberl.api.sandbox_http import (
     TestsRequest,
     WriteRequest,
 )
+from kuberl.rewards import EpisodeScorer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +51,7 @@ def _wire(body: Body) -> dict[str, Any]:
     return body.model_dump(mode="json", by_alias=True)
 
 
-class SandboxError(RuntimeError):
+class SandboxError(EnvironmentFailure):
     """A sandbox server answered with an error; `status` is its HTTP status."""
 
     def __init__(self, status: int, detail: str) -> None:
@@ -206,15 +215,20 @@ class SandboxEnvironment:
         self.client = client
         # told the seconds each session took to open (the rollout tier's metric; the sandbox autoscaler's input)
         self.session_started = session_started
-        self.reward_fn = reward_fn
-        self.intermediate_rewards = intermediate_rewards
-        # Scores every non-final step; `process_weight` times its score is added to the step's reward.
-        self.process_reward = process_reward
-        self.process_weight = process_weight
+        self.scorer = EpisodeScorer(reward_fn, intermediate_rewards, process_reward, process_weight)
         self.session_id: str | None = None
-        self.task: Task | None = None
-        self.actions: list[ToolCall] = []
-        self.results: list[StepResult] = []
+
+    @property
+    def task(self) -> Task | None:
+        return self.scorer.task
+
+    @task.setter
+    def task(self, task: Task) -> None:
+        self.scorer.start(task)
+
+    @property
+    def results(self) -> list[StepResult]:
+        return self.scorer.results
 
     async def reset(self, task: Task) -> str:
         """Open a session on `task`; returns the initial observation."""
@@ -222,35 +236,18 @@ class SandboxEnvironment:
         created = await self.client.create_session(task)
         if self.session_started is not None:
             self.session_started(time.perf_counter() - started)
-        self.session_id, self.task = created["sessionId"], task
-        self.actions, self.results = [], []
+        self.session_id = created["sessionId"]
+        self.scorer.start(task)
         return created["observation"]
 
     async def step(self, action: ToolCall) -> StepResult:
         """Apply an action; the result carries the final reward when done, else the intermediate reward plus the
         weighted process score (reward None when neither is enabled)."""
-        result = await self.client.step(self._session(), action)
-        self.actions.append(action)
-        self.results.append(result)
-        if result.done:
-            return result.model_copy(update={"reward": self.final_reward()})
-        if self.intermediate_rewards or self.process_reward is not None:
-            return result.model_copy(update={"reward": self._step_reward()})
-        return result
-
-    def _step_reward(self) -> float | None:
-        """The intermediate reward (if enabled) plus `process_weight` times the process score (if any)."""
-        context = self._context(final=False)
-        intermediate = self.reward_fn(context) if self.intermediate_rewards else None
-        if self.process_reward is None:
-            return intermediate
-        score = self.process_reward(context)
-        return (intermediate or 0.0) + self.process_weight * (score or 0.0)
+        return self.scorer.score(action, await self.client.step(self._session(), action))
 
     def final_reward(self) -> float:
         """The outcome reward of the episode so far (0 for an episode cut off before submitting)."""
-        value = self.reward_fn(self._context(final=True))
-        return float(value) if value is not None else 0.0
+        return self.scorer.final_reward()
 
     def resolved(self) -> bool | None:
         """Whether the episode's submission resolved the task (the sandbox's hiddenTests.resolved): False before
@@ -290,10 +287,6 @@ class SandboxEnvironment:
         if self.session_id is None:
             raise RuntimeError("no open session: call reset(task) first")
         return self.session_id
-
-    def _context(self, final: bool) -> RewardContext:
-        assert self.task is not None
-        return RewardContext(task=self.task, actions=self.actions, results=self.results, final=final)
 
 
 def _no_reward(context: RewardContext) -> None:

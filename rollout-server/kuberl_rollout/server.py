@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 
 from kuberl.agents import resolve_agent
 from kuberl.api import env_vars
-from kuberl.api.environment import RewardFunction, Task
+from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import openenv_class
 from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
@@ -22,7 +25,7 @@ from kuberl_rollout.api import create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
 from kuberl_rollout.external_agent import ExternalAgent
 from kuberl_rollout.metrics import RolloutMetrics
-from kuberl_rollout.sandbox_client import SandboxClient
+from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.state import RolloutState
 from kuberl_rollout.weights import BucketAssembler, expected_tensors
@@ -86,6 +89,33 @@ def load_job_tasks(job: RLJob, reward_fn: RewardFunction) -> list[Task]:
     return tasks
 
 
+@dataclass(frozen=True)
+class EpisodeWorld:
+    """What the job's episodes are played in: a new environment per episode, and the built-in agent's prompt."""
+
+    open: Callable[[], ScoredEnvironment]
+    system_prompt: str
+
+
+def episode_world(settings: RolloutSettings, rewards: Rewards, metrics: RolloutMetrics) -> EpisodeWorld:
+    """Sandbox sessions round-robin over the job's sandbox servers, or an OpenEnv environment class in process
+    (`spec.environment.name: openenv:module:Class`); ValueError for a class that cannot be used."""
+    scoring = (rewards.function, rewards.intermediate_rewards, rewards.process_reward, rewards.process_weight)
+    ref = openenv_class(settings.job.spec.environment.name)
+    if ref is not None:
+        from kuberl.integrations.openenv_adapter import OpenEnvEnvironments, resolve_openenv_class
+
+        openenv = OpenEnvEnvironments(resolve_openenv_class(ref), *scoring)
+        return EpisodeWorld(openenv.open, openenv.system_prompt)
+    sandboxes = itertools.cycle([SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls])
+    started = metrics.sandbox_session_start_seconds.observe
+
+    def open_session() -> ScoredEnvironment:
+        return SandboxEnvironment(next(sandboxes), *scoring, session_started=started)
+
+    return EpisodeWorld(open_session, SWE_SYSTEM_PROMPT)
+
+
 def build_app(settings: RolloutSettings) -> FastAPI:
     spec = settings.job.spec
     # before the model copy and engine: a bad reward or task file fails at once
@@ -93,6 +123,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
     tasks = load_job_tasks(settings.job, rewards.function)
     agent_ref = spec.environment.agent
     entry_point = resolve_agent(agent_ref) if agent_ref is not None else None
+    metrics = RolloutMetrics()
+    world = episode_world(settings, rewards, metrics)
     model_path = settings.model_path or str(local_copy(spec.model.uri))
     check_model_folder(model_path)  # a clear error now, not vLLM's traceback later
     dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
@@ -104,21 +136,11 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         await engine.start()
-        metrics = RolloutMetrics()
         metrics.kv_cache_usage.set_function(lambda: engine.kv_cache_usage)
         metrics.engine_waiting.set_function(lambda: engine.waiting_requests)
-        agent = Agent(engine, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, episode_limits(settings.job))
-        sandboxes = [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls]
+        agent = Agent(engine, ChatFormat(tokenizer), world.system_prompt, episode_limits(settings.job))
         service = RolloutService(
-            agent,
-            sandboxes,
-            rewards.function,
-            rewards.intermediate_rewards,
-            {t.task_id: t for t in tasks},
-            spec.rollout.concurrent_sessions,
-            metrics,
-            process_reward=rewards.process_reward,
-            process_weight=rewards.process_weight,
+            agent, world.open, rewards.function, {t.task_id: t for t in tasks}, spec.rollout.concurrent_sessions, metrics
         )
         if entry_point is not None and agent_ref is not None:
             service.runner = ExternalAgent(

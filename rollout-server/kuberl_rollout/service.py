@@ -17,28 +17,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kuberl.api.environment import RewardFunction, Task
+from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
 from kuberl.api.rollout_http import GroupInfo
 from kuberl.api.trajectory import Trajectory
 from kuberl.errors import ServiceError
 from kuberl.rewards import task_problem
 from kuberl_rollout.agent import Agent
 from kuberl_rollout.metrics import RolloutMetrics
-from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_rollout.sessions import SessionStore
 
 
 class EpisodeRunner(Protocol):
     """What plays an episode: the built-in `Agent`, or an `ExternalAgent` (spec.environment.agent)."""
 
-    async def run(self, env: SandboxEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory: ...
+    async def run(self, env: ScoredEnvironment, task: Task, group_id: str, seed: int | None = None) -> Trajectory: ...
 
 
 class WorkError(ServiceError):
@@ -78,27 +76,23 @@ class RolloutService:
     def __init__(
         self,
         agent: Agent,
-        sandboxes: list[SandboxClient],
+        open_environment: Callable[[], ScoredEnvironment],
         reward_fn: RewardFunction,
-        intermediate_rewards: bool,
         tasks: dict[str, Task],
         concurrent_sessions: int,
         metrics: RolloutMetrics,
         max_backlog: int | None = None,
-        process_reward: RewardFunction | None = None,
-        process_weight: float = 0.0,
         keep_finished: int = 256,
     ) -> None:
-        if not sandboxes:
-            raise ValueError("a rollout server needs at least one sandbox server")
         self.boot_id = uuid.uuid4().hex[:12]
         self.agent, self.tasks, self.metrics = agent, tasks, metrics
         self.runner: EpisodeRunner = agent
         """What plays the episodes: the built-in agent unless the job names an external one."""
         agent.observe = lambda phase, seconds: metrics.turn_seconds.labels(phase).observe(seconds)
-        self.reward_fn, self.intermediate_rewards = reward_fn, intermediate_rewards
-        self.process_reward, self.process_weight = process_reward, process_weight
-        self._sandboxes = itertools.cycle(sandboxes)
+        self.open_environment = open_environment
+        """A new environment per episode, scored by the job's reward functions (a sandbox session, an OpenEnv
+        environment...)."""
+        self.reward_fn = reward_fn
         self._slots = asyncio.Semaphore(concurrent_sessions)
         self.max_backlog = max_backlog or 8 * concurrent_sessions
         self.groups: dict[str, Group] = {}  # groups with episodes running or trajectories not yet taken
@@ -202,14 +196,7 @@ class RolloutService:
                 self.metrics.queued.dec()
                 self.metrics.active_sessions.inc()
                 try:
-                    env = SandboxEnvironment(
-                        next(self._sandboxes),
-                        self.reward_fn,
-                        self.intermediate_rewards,
-                        self.process_reward,
-                        self.process_weight,
-                        session_started=self.metrics.sandbox_session_start_seconds.observe,
-                    )
+                    env = self.open_environment()
                     trajectory = await self.runner.run(env, group.task, group.group_id, seed)
                 finally:
                     self.metrics.active_sessions.dec()

@@ -42,6 +42,13 @@ BROKEN = [
         True,
     ),
     (
+        "openenv-not-scored-by-swe-toy-tests",
+        with_spec(environment={"name": "openenv:kuberl.integrations.openenv_guess:GuessNumberEnvironment"}),
+        "spec.reward.function",
+        "use openenv-return",
+        True,
+    ),
+    (
         "trajectory-fits-context",
         with_spec(model={"maxContextTokens": 4096}, environment={"maxTokensPerTrajectory": 8192}),
         "spec.environment.maxTokensPerTrajectory",

@@ -82,7 +82,7 @@ def server(tokenizer):
 
     async def build_state() -> RolloutState:
         agent = Agent(engine, ChatFormat(tokenizer), "unused", EpisodeLimits())
-        service = RolloutService(agent, [object()], resolve_reward("swe-toy-tests"), False, {}, 1, RolloutMetrics())
+        service = RolloutService(agent, object, resolve_reward("swe-toy-tests"), {}, 1, RolloutMetrics())
         return RolloutState(service, service.metrics, MODEL, "wait", BucketAssembler({}), CONTEXT)
 
     with TestClient(create_app(build_state), base_url="http://rollout") as http:

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import json
 import weakref
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,8 +37,10 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.version = 0
+        self.applied: list[bytes] = []
 
-    async def update_weights(self, blobs: list[bytes], version: int, mode: str) -> None:
+    async def update_weights(self, files: list[Path], version: int, mode: str) -> None:
+        self.applied = [f.read_bytes() for f in files]  # the staged files exist while the engine reads them
         self.version = version
 
 
@@ -71,9 +74,8 @@ class ScriptedAgent:
 def service(keep_finished: int = 256) -> RolloutService:
     return RolloutService(
         ScriptedAgent(),
-        [object()],  # the scripted agent opens no sandbox session
+        object,  # the scripted agent plays in no environment
         resolve_reward("swe-toy-tests"),
-        False,
         {t.task_id: t for t in TASKS},
         concurrent_sessions=8,
         metrics=RolloutMetrics(),
@@ -186,7 +188,9 @@ def test_the_learners_client_drives_the_app_with_the_same_models(rollout):
     assert [t.error is not None for t in trajectories if t.group_id == named.group_id].count(True) == 1
     assert client.boot_ids == [service.boot_id] and service.groups == {}
     assert client.served_versions() == [0]
-    assert client.publish(1, [save({"w": torch.zeros(WEIGHTS["w"])})]) == [0]
+    weights = save({"w": torch.zeros(WEIGHTS["w"])})
+    assert client.publish(1, [weights]) == [0]
+    assert service.agent.engine.applied == [weights]  # the bytes sent, staged as they are
     assert client.served_versions() == [1] and client.catch_up(0, 1, []) is True
     # today's JSON keys, in today's order, on both sides
     sent = {(method, path): (body, answer) for method, path, body, answer in wire}
