@@ -169,29 +169,33 @@ async def throughput(policy: Path, task) -> dict[str, object]:
 
 
 async def _time_weight_sync(engine, folder: Path, repeats: int = 3) -> dict[str, float]:
-    """What the rollout server does with an update's bytes once they arrived: check the bucket (its header),
-    hand it to the engine, swap. The HTTP transfer is the loopback copy measured beside it."""
+    """What the rollout server does with an update's bytes as they arrive: stream them (in the 64 KiB chunks
+    uvicorn hands over) into a staging file, check its header, have the engine's worker load it, swap. The HTTP
+    transfer is the loopback copy measured beside it."""
     from safetensors.torch import load_file, save
 
-    from kuberl_rollout.weights import BucketAssembler, expected_tensors
+    from kuberl_rollout.weights import BucketAssembler, chunks_of, expected_tensors
 
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
         tensors.update(load_file(file))
     blob = save(tensors)
-    expected = expected_tensors(folder)
-    times = []
+    assembler = BucketAssembler(expected_tensors(folder))
+    staged, applied = [], []
     for _ in range(repeats):
-        started = time.monotonic()
-        assembler, version = BucketAssembler(expected), engine.version + 1
-        assembler.add(version, 0, 1, blob, engine.version)
-        await engine.update_weights(assembler.take(), version)
-        times.append(time.monotonic() - started)
-    best = min(times)
+        started, version = time.monotonic(), engine.version + 1
+        await assembler.stage(version, 0, 1, chunks_of(blob, 1 << 16), engine.version)
+        files = assembler.take()
+        staged.append(time.monotonic() - started)
+        await engine.update_weights(files, version)
+        assembler.discard()
+        applied.append(time.monotonic() - started)
+    best = min(applied)
     loopback = await asyncio.to_thread(loopback_http_copy_s, blob, repeats)
     return {
         "bytes": len(blob),
         "seconds": round(best, 4),
+        "staging_seconds": round(min(staged), 4),
         "gb_per_s": round(len(blob) / best / 1e9, 3),
         "loopback_http_gb_per_s": round(len(blob) / loopback / 1e9, 3),
         "ratio_to_loopback_http": round(loopback / best, 3),

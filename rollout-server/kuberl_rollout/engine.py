@@ -144,10 +144,10 @@ class RolloutEngine:
             ids, logprobs, _versions(completion.weight_versions, len(ids), version), completion.finish_reason
         )
 
-    async def update_weights(self, blobs: list[bytes], version: int, mode: UpdateMode = "wait") -> None:
-        """Switch to the weights in safetensors blobs (the buckets of one update) as policy `version`, atomically
-        between steps."""
-        await self._swap(version, mode, "load_weights_blobs", (blobs,))
+    async def update_weights(self, files: list[Path], version: int, mode: UpdateMode = "wait") -> None:
+        """Switch to the weights in staged safetensors files (the buckets of one update) as policy `version`,
+        atomically between steps. Only the paths cross to the engine's process; its worker reads the files."""
+        await self._swap(version, mode, "load_weights_files", ([str(f) for f in files],))
 
     async def load_weights(self, folder: str | Path, version: int, mode: UpdateMode = "wait") -> None:
         """Switch to the weights of a safetensors folder as policy `version`."""

@@ -1,4 +1,5 @@
-"""Weight updates: the served version, bucketed uploads from the learner, and loads from storage.
+"""Weight updates: the served version, bucketed uploads from the learner (streamed to staging files), and loads
+from storage.
 
 Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -28,17 +30,26 @@ async def policy(s: State) -> Policy:
 async def upload_bucket(
     version: int, index: int, query: Annotated[BucketQuery, Query()], request: Request, s: State
 ) -> BucketReceipt:
-    blob = await request.body()
-    s.metrics.weight_sync_bytes.inc(len(blob))
+    body = _counted(request, s.metrics.weight_sync_bytes.inc)
     engine = s.service.agent.engine
-    if not s.assembler.add(version, index, query.of, blob, engine.version):
+    if not await s.assembler.stage(version, index, query.of, body, engine.version):
         return BucketReceipt(version=version, received=len(s.assembler.buckets), of=query.of, applied=False)
-    blobs = s.assembler.take()
+    files = s.assembler.take()
     started = time.monotonic()
-    await s.service.switch_policy(lambda: engine.update_weights(blobs, version, s.update_mode), s.partial_rollouts)
+    try:
+        await s.service.switch_policy(lambda: engine.update_weights(files, version, s.update_mode), s.partial_rollouts)
+    finally:
+        s.assembler.discard()
     s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
     s.metrics.policy_version.set(version)
     return BucketReceipt(version=version, received=query.of, of=query.of, applied=True)
+
+
+async def _counted(request: Request, count: Callable[[int], None]) -> AsyncIterator[bytes]:
+    """The request body as it arrives, each chunk counted (weight_sync_bytes)."""
+    async for chunk in request.stream():
+        count(len(chunk))
+        yield chunk
 
 
 @router.post("/weights/load")

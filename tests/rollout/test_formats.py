@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from kuberl.api.environment import ToolCall
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tokenizer
 from kuberl.modeling.tool_calls import ParseError, format_tool_call, parse_tool_call
-from kuberl_rollout.weights import BucketAssembler, WeightError
+from kuberl_rollout.weights import SHARED_MEMORY, BucketAssembler, WeightError, chunks_of
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +82,12 @@ def blob(**tensors):
         (4, 0, 1, b"garbage", "not a safetensors blob"),
     ],
 )
-def test_bad_weight_buckets_are_refused(version, index, count, data, words):
-    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)})
+async def test_bad_weight_buckets_are_refused(version, index, count, data, words, tmp_path):
+    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)}, staging=tmp_path)
     with pytest.raises(WeightError) as err:
-        assembler.add(version, index, count, data, current_version=3)
+        await assembler.stage(version, index, count, chunks_of(data), current=3)
     assert words in str(err.value)
+    assert list(tmp_path.iterdir()) == []  # a refused bucket leaves no staged file
 
 
 def _with_header(data: bytes, edit) -> bytes:
@@ -138,20 +140,37 @@ def _set(header: dict, name: str, key: str, value) -> dict:
         "overlap",
     ],
 )
-def test_a_bucket_is_checked_from_its_header_alone(data, words):
+async def test_a_bucket_is_checked_from_its_header_alone(data, words, tmp_path):
     """A corrupt header is refused before any byte of it reaches the engine (whose decoder would crash)."""
-    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (6,)})
+    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (6,)}, staging=tmp_path)
     with pytest.raises(WeightError, match="not a safetensors blob") as err:
-        assembler.add(4, 0, 1, data, current_version=3)
+        await assembler.stage(4, 0, 1, chunks_of(data, 3), current=3)
     assert words in str(err.value)
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_buckets_assemble_into_one_version_as_the_bytes_that_arrived():
-    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)})
+async def test_buckets_assemble_into_one_version_as_the_bytes_that_arrived(tmp_path):
+    assembler = BucketAssembler({"w.a": (2, 3), "w.b": (4,)}, staging=tmp_path)
     first, second = blob(**{"w.a": torch.ones(2, 3)}), blob(**{"w.b": torch.ones(4)})
-    assert not assembler.add(4, 1, 2, second, current_version=0)
-    assert assembler.add(4, 0, 2, first, current_version=0)
-    assert assembler.take() == [first, second]  # in bucket order, never decoded and encoded again
-    assembler.add(5, 0, 1, blob(**{"w.a": torch.ones(2, 3)}), current_version=4)
+    assert not await assembler.stage(4, 1, 2, chunks_of(second, 5), current=0)
+    assert await assembler.stage(4, 0, 2, chunks_of(first, 5), current=0)
+    files = assembler.take()
+    assert [f.read_bytes() for f in files] == [first, second]  # in bucket order, never decoded and encoded again
+    assembler.discard()
+    assert not any(f.exists() for f in files)
+    await assembler.stage(5, 0, 1, chunks_of(blob(**{"w.a": torch.ones(2, 3)})), current=4)
     with pytest.raises(WeightError, match="lacks 1 weights"):
         assembler.take()
+    assert list(tmp_path.iterdir()) == []  # an incomplete version is not kept either
+    with pytest.raises(WeightError, match="announced with 2 buckets, now 3"):
+        await assembler.stage(6, 0, 2, chunks_of(first), current=4)
+        await assembler.stage(6, 1, 3, chunks_of(second), current=4)
+
+
+def test_staged_buckets_live_in_shared_memory_where_there_is_one():
+    assembler = BucketAssembler({"w.a": (2, 3)})
+    staging = assembler.staging
+    assert staging.is_dir() and (staging.parent == SHARED_MEMORY or not SHARED_MEMORY.is_dir())
+    del assembler
+    gc.collect()
+    assert not staging.exists()  # removed with its assembler

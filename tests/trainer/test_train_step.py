@@ -4,6 +4,7 @@ padding that keeps FSDP ranks in step, and the non-finite guard."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -149,10 +150,10 @@ def test_activation_checkpointing_recomputes_in_the_learner(model_dir):
     assert grads[0].allclose(grads[1], atol=1e-6)
 
 
-def test_the_policy_is_published_in_buckets_that_the_server_takes_as_they_are(model_dir):
+def test_the_policy_is_published_in_buckets_that_the_server_takes_as_they_are(model_dir, tmp_path):
     from safetensors.torch import load
 
-    from kuberl_rollout.weights import BucketAssembler, expected_tensors
+    from kuberl_rollout.weights import BucketAssembler, chunks_of, expected_tensors
 
     model = load_policy(str(model_dir), NO_AC, torch.device("cpu"))
     tensors = served_tensors(model)
@@ -163,7 +164,8 @@ def test_the_policy_is_published_in_buckets_that_the_server_takes_as_they_are(mo
     assert all(sum(t.numel() * t.element_size() for t in d.values()) <= largest for d in decoded)
     merged = {name: t for d in decoded for name, t in d.items()}
     assert merged.keys() == tensors.keys() and all(torch.equal(merged[n], tensors[n]) for n in tensors)
-    assembler = BucketAssembler(expected_tensors(model_dir))
-    assert [assembler.add(1, i, len(buckets), b, current_version=0) for i, b in enumerate(buckets)][-1]
-    assert assembler.take() == buckets
+    assembler = BucketAssembler(expected_tensors(model_dir), staging=tmp_path)
+    staged = [asyncio.run(assembler.stage(1, i, len(buckets), chunks_of(b, 4096), 0)) for i, b in enumerate(buckets)]
+    assert staged == [False] * (len(buckets) - 1) + [True]
+    assert [f.read_bytes() for f in assembler.take()] == buckets
     assert len(policy_buckets(model)) == 1  # the default (512 MiB) holds a tiny model whole
