@@ -106,9 +106,9 @@ def validate_document(data: Any, source: str) -> DocumentResult:
         except ValueError as err:
             result.problems.append(Problem(source, "spec.environment.agent", str(err)))
     openenv = openenv_class(result.job.spec.environment.name)
-    if openenv is not None:  # the class must import where the job is checked, as where it runs
-        if problem := _openenv_problem(openenv):
-            result.problems.append(Problem(source, "spec.environment.name", problem))
+    # the class must import where the job is checked, as where it runs
+    if openenv is not None and (problem := _openenv_problem(openenv)):
+        result.problems.append(Problem(source, "spec.environment.name", problem))
     return result
 
 

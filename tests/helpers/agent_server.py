@@ -25,13 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 def agent_server(
     sandbox: Any,
     folder: Path,
-    agent: str = "helpers.openai_agent:solve",
+    agent: str | None = "helpers.openai_agent:solve",
     max_turns: int = 6,
     extra_env: dict[str, str] | None = None,
+    model: Path | None = None,
+    spec: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """{url, model, job, log}: a rollout server running `agent`'s episodes and serving recorded sessions."""
+    """{url, model, job, log}: a rollout server running `agent`'s episodes (None: the built-in agent loop) and
+    serving recorded sessions; `model` in place of a fresh tiny one, `spec` sections merged in one level deep."""
     # its own copy: `make demo` may rebuild runs/models/tiny-llama meanwhile
-    model = build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=3)
+    model = model or build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=3)
     job = {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -52,6 +55,10 @@ def agent_server(
             },
         },
     }
+    if agent is None:
+        del job["spec"]["environment"]["agent"]
+    for name, section in (spec or {}).items():
+        job["spec"].setdefault(name, {}).update(section)
     (folder / "job.yaml").write_text(yaml.safe_dump(job))
     port = free_port()
     path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH", "")) if p)
