@@ -289,9 +289,7 @@ AgentRef = Annotated[str, Field(min_length=3, max_length=256, pattern=AGENT_REF_
 
 
 OPENENV_PREFIX = "openenv:"
-ENVIRONMENT_NAME_PATTERN = (
-    r"^([A-Za-z0-9][A-Za-z0-9_.\-]*|openenv:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
-)
+ENVIRONMENT_NAME_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.\-]*|openenv:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 
 
 def openenv_class(name: str) -> str | None:

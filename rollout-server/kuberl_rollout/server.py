@@ -140,7 +140,12 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         metrics.engine_waiting.set_function(lambda: engine.waiting_requests)
         agent = Agent(engine, ChatFormat(tokenizer), world.system_prompt, episode_limits(settings.job))
         service = RolloutService(
-            agent, world.open, rewards.function, {t.task_id: t for t in tasks}, spec.rollout.concurrent_sessions, metrics
+            agent,
+            world.open,
+            rewards.function,
+            {t.task_id: t for t in tasks},
+            spec.rollout.concurrent_sessions,
+            metrics,
         )
         if entry_point is not None and agent_ref is not None:
             service.runner = ExternalAgent(
