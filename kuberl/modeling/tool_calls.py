@@ -18,7 +18,6 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
-
 def system_prompt(intro: str, tools: list[str], advice: str) -> str:
     """An agent's system prompt: what it does, how it writes a tool call, its tools (as `name(arg, ...)`), advice."""
     return (
