@@ -149,10 +149,6 @@ class RolloutEngine:
         atomically between steps. Only the paths cross to the engine's process; its worker reads the files."""
         await self._swap(version, mode, "load_weights_files", ([str(f) for f in files],))
 
-    async def load_weights(self, folder: str | Path, version: int, mode: UpdateMode = "wait") -> None:
-        """Switch to the weights of a safetensors folder as policy `version`."""
-        await self._swap(version, mode, "load_weights_folder", (str(folder),))
-
     async def _swap(self, version: int, mode: UpdateMode, method: str, args: tuple) -> None:
         async with self._update_lock:
             # Paused, the scheduler runs no step: no request ever sees half-loaded weights.

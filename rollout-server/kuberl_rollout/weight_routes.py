@@ -7,6 +7,7 @@ Bodies are the models of `kuberl.api.rollout_http`, which the learner's client u
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
@@ -63,8 +64,15 @@ async def load_weights(body: LoadWeights, s: State) -> WeightsLoaded:
         folder = await asyncio.to_thread(local_copy, body.uri)  # an S3 download must not stall serving
     except LocalCopyError as err:
         raise WorkError(400, str(err)) from None
-    started = time.monotonic()
-    await s.service.switch_policy(lambda: engine.load_weights(folder, body.version, s.update_mode), s.partial_rollouts)
+    try:
+        files = s.assembler.check_folder(folder)
+        started = time.monotonic()
+        await s.service.switch_policy(
+            lambda: engine.update_weights(files, body.version, s.update_mode), s.partial_rollouts
+        )
+    finally:
+        if body.uri.startswith("s3://"):  # a downloaded version is not needed once served
+            shutil.rmtree(folder, ignore_errors=True)
     s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
     s.metrics.policy_version.set(body.version)
     return WeightsLoaded(version=body.version, applied=True)

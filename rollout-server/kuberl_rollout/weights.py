@@ -140,17 +140,40 @@ class BucketAssembler:
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        for name, (_, shape) in tensors.items():
-            problem = None
-            if name not in self.expected:
-                problem = f"unknown weight {name!r} in bucket {index}"
-            elif shape != self.expected[name]:
-                problem = f"weight {name!r} has shape {list(shape)}, expected {list(self.expected[name])}"
-            if problem:
-                path.unlink(missing_ok=True)
-                raise WeightError(problem)
-        self.buckets[index], self.names[index] = path, set(tensors)
+        try:
+            names = self._known(tensors, f"bucket {index}")
+        except WeightError:
+            path.unlink(missing_ok=True)
+            raise
+        self.buckets[index], self.names[index] = path, names
         return len(self.buckets) == self.count
+
+    def _known(self, tensors: dict[str, tuple[str, tuple[int, ...]]], where: str) -> set[str]:
+        """The names of `tensors` once each is a weight of the model with its shape."""
+        for name, (_, shape) in tensors.items():
+            if name not in self.expected:
+                raise WeightError(f"unknown weight {name!r} in {where}")
+            if shape != self.expected[name]:
+                raise WeightError(f"weight {name!r} has shape {list(shape)}, expected {list(self.expected[name])}")
+        return set(tensors)
+
+    def check_folder(self, folder: Path) -> list[Path]:
+        """The safetensors files of a stored version (`POST /v1/weights/load`), each checked from its header
+        and together holding every weight: a wrong file is refused before the engine reads it."""
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise WeightError(f"{folder}: no safetensors files")
+        present: set[str] = set()
+        for file in files:
+            try:
+                present |= self._known(file_header(file), file.name)
+            except ValueError as err:
+                if isinstance(err, WeightError):
+                    raise
+                raise WeightError(f"{file.name} is not a safetensors file ({err})") from None
+        if missing := sorted(set(self.expected) - present):
+            raise WeightError(f"{folder} lacks {len(missing)} weights, e.g. {missing[:3]}")
+        return files
 
     def take(self) -> list[Path]:
         """The staged files in bucket order; every expected tensor must be present. The caller removes them

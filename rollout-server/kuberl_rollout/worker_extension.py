@@ -26,7 +26,3 @@ class WeightUpdateExtension:
 
         self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)  # type: ignore[attr-defined]
         return loaded
-
-    def load_weights_folder(self, path: str) -> None:
-        """Load every safetensors file of a Hugging Face folder in place."""
-        self.reload_weights(weights_path=path, is_checkpoint_format=True)  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.service import RolloutService, WorkError
 from kuberl_rollout.weights import BucketAssembler
 from kuberl_trainer.rollout_client import RolloutClient
+from kuberl_trainer.weight_transport import StoredWeights
 
 TASKS = generate(3, seed=5)
 SLOW = TASKS[2]  # its episodes wait until the test lets them finish
@@ -208,6 +209,25 @@ def test_the_learners_client_drives_the_app_with_the_same_models(rollout):
     assert list(sent["GET", "/v1/trajectories"][1]) == ["bootId", "trajectories"]
     assert list(sent["GET", "/v1/policy"][1]) == ["version", "bootId"]
     assert sent["PUT", "/v1/weights/1/buckets/0"][1] == {"version": 1, "received": 1, "of": 1, "applied": True}
+
+
+def test_stored_weights_are_written_once_and_each_server_loads_them_from_storage(rollout, tmp_path):
+    """The learner writes a version's buckets under the storage prefix once; the server checks and loads them
+    from there (POST /v1/weights/load); only the latest two versions stay in storage."""
+    client, _, service, wire = rollout
+    client.transport = StoredWeights(str(tmp_path / "weights"))
+    versions = [save({"w": torch.full(WEIGHTS["w"], float(v))}) for v in range(4)]
+    for version in (1, 2, 3):
+        assert client.publish(version, [versions[version]]) == [0]
+        assert service.agent.engine.version == version and service.agent.engine.applied == [versions[version]]
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v00000002", "v00000003"]
+    assert wire[-1][2] == {"uri": f"{tmp_path}/weights/v00000003", "version": 3}
+    wrong = tmp_path / "weights" / "v00000004"  # a stored version whose tensor has the wrong shape
+    wrong.mkdir()
+    (wrong / "model-00001-of-00001.safetensors").write_bytes(save({"w": torch.zeros(3)}))
+    refused = client.http[0].post("/v1/weights/load", json={"uri": str(wrong), "version": 4})
+    assert refused.status_code == 400 and "'w' has shape [3], expected [2, 3]" in refused.json()["detail"]
+    assert service.agent.engine.version == 3
 
 
 def test_the_requests_are_the_ones_sent_before_the_models():

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from kuberl.api.environment import Task
-from kuberl.api.rollout_http import AcceptedGroup, BucketQuery, Policy, SubmitGroup, Trajectories, TrajectoryQuery
+from kuberl.api.rollout_http import AcceptedGroup, Policy, SubmitGroup, Trajectories, TrajectoryQuery
 from kuberl.api.trajectory import Trajectory
+from kuberl_trainer.weight_transport import HttpBuckets, WeightTransport
 
 log = logging.getLogger(__name__)
 MIN_EMPTY_COLLECT_S = 0.2
@@ -48,10 +49,11 @@ class Collected:
 
 
 class RolloutClient:
-    def __init__(self, urls: list[str], timeout: float = 600.0) -> None:
+    def __init__(self, urls: list[str], timeout: float = 600.0, transport: WeightTransport | None = None) -> None:
         if not urls:
             raise ValueError("the learner needs at least one rollout server URL (--rollout-url)")
         self.urls = urls
+        self.transport = transport or HttpBuckets()
         self.http = [httpx.Client(base_url=u, timeout=httpx.Timeout(timeout, connect=5.0)) for u in urls]
         self.boot_ids: list[str | None] = [None] * len(urls)
         self.down: set[int] = set()
@@ -110,14 +112,12 @@ class RolloutClient:
         return out
 
     def publish(self, version: int, buckets: list[bytes], servers: list[int] | None = None) -> list[int]:
-        """Send the weights of `version` (its safetensors buckets, one request each) to the servers (all by
-        default); returns those that took them. A server that is down gets them when it comes back."""
-        took, query = [], BucketQuery(of=len(buckets)).wire()
+        """Send the weights of `version` (its safetensors buckets) to the servers (all by default) through the
+        transport; returns those that took them. A server that is down gets them when it comes back."""
+        took = []
         for server in range(len(self.http)) if servers is None else servers:
             try:
-                for index, bucket in enumerate(buckets):
-                    url = f"/v1/weights/{version}/buckets/{index}"
-                    self.http[server].put(url, params=query, content=bucket).raise_for_status()
+                self.transport.send(self.http[server], version, buckets)
             except httpx.TransportError as err:
                 self._mark_down(server, err)
                 continue

@@ -143,6 +143,16 @@ class S3Backend:
             self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i : i + 1000]})
 
 
+def open_backend(uri: str, endpoint_url: str | None = None) -> Backend:
+    """The backend of a storage URI: s3://bucket/prefix, file:///path or a local path."""
+    if uri.startswith("s3://"):
+        parsed = urlparse(uri)
+        return S3Backend(parsed.netloc, parsed.path, endpoint_url)
+    if "://" in uri and not uri.startswith("file://"):
+        raise CheckpointError(f"storage URI {uri!r}: use s3://bucket/prefix, file:///path or a local path")
+    return LocalBackend(Path(unquote(urlparse(uri).path)) if uri.startswith("file://") else Path(uri))
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -156,13 +166,7 @@ class CheckpointStore:
 
     def __init__(self, uri: str, endpoint_url: str | None = None) -> None:
         self.uri = uri
-        if uri.startswith("s3://"):
-            parsed = urlparse(uri)
-            self.backend: Backend = S3Backend(parsed.netloc, parsed.path, endpoint_url)
-        elif "://" in uri and not uri.startswith("file://"):
-            raise CheckpointError(f"checkpoint URI {uri!r}: use s3://bucket/prefix, file:///path or a local path")
-        else:
-            self.backend = LocalBackend(Path(unquote(urlparse(uri).path)) if uri.startswith("file://") else Path(uri))
+        self.backend = open_backend(uri, endpoint_url)
 
     @staticmethod
     def directory(step: int) -> str:
