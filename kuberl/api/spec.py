@@ -429,6 +429,33 @@ class EngineSpec(ApiModel):
     """Longest sequence the engine accepts; unset: model.maxContextTokens."""
 
 
+class WeightTransportKind(StrEnum):
+    HTTP = "http"
+    STORAGE = "storage"
+
+
+class WeightSyncSpec(ApiModel):
+    """How the learner hands each new policy version to the rollout servers."""
+
+    transport: WeightTransportKind = WeightTransportKind.HTTP
+    """http: every server receives the safetensors buckets over HTTP and stages them in shared memory.
+    storage: the learner writes each version once under `uri` and every server loads it from there, so the
+    bytes leave the learner once whatever the number of servers (large models, many servers)."""
+    uri: str | None = Field(None, min_length=1)
+    """storage only: s3://bucket/prefix, file:///path or a folder every server can read; unset:
+    `<checkpoint.uri>/weights`. The latest two versions are kept."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="uri",
+            cel="self.transport == 'storage' || !has(self.uri)",
+            message="weightSync.uri is read only with transport: storage",
+            holds=lambda w: w.transport == WeightTransportKind.STORAGE or w.uri is None,
+            explain=lambda w: f"weightSync.uri ({w.uri}) is read only with transport: storage; set it or drop uri",
+        ),
+    )
+
+
 class RolloutSpec(ApiModel):
     """The rollout tier: a StatefulSet of rollout servers, each owning one vLLM engine."""
 
@@ -452,6 +479,8 @@ class RolloutSpec(ApiModel):
     """Nucleus sampling threshold."""
     max_tokens_per_turn: int = Field(512, ge=1, le=65_536)
     """Tokens one generated turn may have."""
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
+    """How new weights reach the servers."""
 
 
 class EgressPolicy(StrEnum):

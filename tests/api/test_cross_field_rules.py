@@ -49,6 +49,13 @@ BROKEN = [
         True,
     ),
     (
+        "weight-uri-needs-storage",
+        with_spec(rollout={"weightSync": {"uri": "s3://bucket/weights"}}),
+        "spec.rollout.weightSync.uri",
+        "read only with transport: storage",
+        True,
+    ),
+    (
         "trajectory-fits-context",
         with_spec(model={"maxContextTokens": 4096}, environment={"maxTokensPerTrajectory": 8192}),
         "spec.environment.maxTokensPerTrajectory",

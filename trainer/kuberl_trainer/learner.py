@@ -46,6 +46,7 @@ from kuberl_trainer.publisher import WeightPublisher
 from kuberl_trainer.rollout_client import RolloutClient
 from kuberl_trainer.rollout_feed import Batch, FeedState, RolloutFeed
 from kuberl_trainer.step import predict, train_step
+from kuberl_trainer.weight_transport import transport_for
 
 
 class StopSignal:
@@ -113,7 +114,7 @@ def run_learner(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
     )
-    store = CheckpointStore(spec.checkpoint.uri or str(run_dir / "checkpoints"), spec.checkpoint.endpoint_url)
+    store = CheckpointStore(checkpoint_uri(job, run_dir), spec.checkpoint.endpoint_url)
     checkpointer = Checkpointer(store, run_dir / "staging", keep=spec.checkpoint.keep, rank=rank)
     state = checkpointer.restore(model, optimizer) or TrainingState(step=0, policy_version=0)
     stop_signal = StopSignal()
@@ -250,6 +251,11 @@ def run_learner(
     return history
 
 
+def checkpoint_uri(job: RLJob, run_dir: Path) -> str:
+    """Where the job's checkpoints (and stored weights) live: spec.checkpoint.uri, else the run folder."""
+    return job.spec.checkpoint.uri or str(run_dir / "checkpoints")
+
+
 def _signalled() -> Stop:
     return Stop(Phase.STOPPED, None, "stopped by a signal (SIGTERM/SIGINT) after a final checkpoint")
 
@@ -258,7 +264,8 @@ def _driver(
     job: RLJob, urls: list[str], task_ids: list[str], state: TrainingState, run_dir: Path, metrics_port: int | None
 ) -> Driver:
     spec = job.spec
-    client = RolloutClient(urls)
+    transport = transport_for(spec.rollout.weight_sync, checkpoint_uri(job, run_dir), spec.checkpoint.endpoint_url)
+    client = RolloutClient(urls, transport=transport)
     asynchronous = spec.training.mode == TrainingMode.ASYNC
     saved = FeedState(state.task_cursor, state.pending_trajectories, [tuple(x) for x in state.in_flight])
     publisher = WeightPublisher(client, background=asynchronous)

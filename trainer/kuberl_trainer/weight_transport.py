@@ -17,6 +17,7 @@ from typing import Protocol
 import httpx
 
 from kuberl.api.rollout_http import BucketQuery, LoadWeights
+from kuberl.api.spec import WeightSyncSpec, WeightTransportKind
 from kuberl_trainer.checkpoints.store import open_backend
 
 
@@ -59,3 +60,10 @@ class StoredWeights:
             del self.written[: -self.keep]
         body = LoadWeights(uri=f"{self.uri}/{self.folder(version)}", version=version).wire()
         http.post("/v1/weights/load", json=body).raise_for_status()
+
+
+def transport_for(sync: WeightSyncSpec, checkpoint_uri: str, endpoint_url: str | None = None) -> WeightTransport:
+    """The transport `spec.rollout.weightSync` asks for; storage defaults to `<checkpoint uri>/weights`."""
+    if sync.transport == WeightTransportKind.STORAGE:
+        return StoredWeights(sync.uri or f"{checkpoint_uri.rstrip('/')}/weights", endpoint_url)
+    return HttpBuckets()
