@@ -28,6 +28,7 @@ from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
 from kuberl_trainer.demonstrations import record_demonstration
 from kuberl_trainer.sft import supervised_fit
+from kuberl_trainer.weight_transport import StoredWeights
 
 pytestmark = pytest.mark.slow
 TASK = generate(8, seed=21)[3]
@@ -292,6 +293,24 @@ def test_without_partial_rollouts_no_trajectory_mixes_policy_versions(world):
         versions = {v for v, m in zip(t["policyVersions"], t["lossMask"], strict=True) if m}
         assert len(versions) == 1, versions
     assert httpx.get(url + "/v1/policy").json()["version"] == 2
+
+
+def test_weights_stored_once_are_loaded_by_the_engine_from_storage(world, tmp_path):
+    """StoredWeights: the learner writes the version under a storage prefix, the server checks the files and
+    its engine's worker reads them; greedy outputs are then the new model's."""
+    url, prompt = world["url"], world["demonstration"].token_ids[:40]
+    model = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
+    torch.manual_seed(1)
+    model.load_state_dict({k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()})
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt) :].tolist()
+    names = sorted(model.state_dict())
+    buckets = [save({n: model.state_dict()[n].contiguous() for n in names[i::3]}) for i in range(3)]
+    version = httpx.get(url + "/v1/policy").json()["version"] + 1
+    with httpx.Client(base_url=url, timeout=120) as http:
+        StoredWeights(str(tmp_path / "weights")).send(http, version, buckets)
+    assert len(list((tmp_path / "weights" / f"v{version:08d}").glob("*.safetensors"))) == 3
+    assert httpx.get(url + "/v1/policy").json()["version"] == version
+    assert greedy(url, prompt)["token_ids"] == expected
 
 
 def test_a_killed_sandbox_fails_trajectories_with_a_reason_and_never_hangs(world):
