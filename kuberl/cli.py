@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -307,8 +308,22 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
     show_default=True,
     help="Serve the job metrics this long after the job ends (a scraper sees its final phase).",
 )
+@click.option(
+    "--cpus",
+    "pinning",
+    multiple=True,
+    metavar="TIER=CPUS",
+    help="Keep a tier's processes on these cores, as pods on nodes of their own are (repeat per tier: "
+    "--cpus rollout=0 --cpus sandbox=0 --cpus learner=1) [every tier on every core].",
+)
 def run_command(
-    job_file: str, resume: bool, run_dir: str | None, evaluate: bool, metrics_port: int | None, metrics_linger: str
+    job_file: str,
+    resume: bool,
+    run_dir: str | None,
+    evaluate: bool,
+    metrics_port: int | None,
+    metrics_linger: str,
+    pinning: tuple[str, ...],
 ) -> None:
     """Run the whole RLJob on this machine: sandbox servers, rollout servers (vLLM) and the learner as
     local processes, supervised like the operator would, with progress, breakers and a learning curve.
@@ -317,6 +332,7 @@ def run_command(
     from pathlib import Path
 
     from kuberl.api.types import parse_duration
+    from kuberl.local.processes import parse_pinning
     from kuberl.local.runner import RunError, run_job
     from kuberl.storage import LocalCopyError, check_model_folder, local_copy
     from kuberl.validation import ManifestError, load_rljob
@@ -326,6 +342,10 @@ def run_command(
         linger_s = parse_duration(metrics_linger)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--metrics-linger") from None
+    try:
+        cores = parse_pinning(list(pinning), os.sched_getaffinity(0))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--cpus") from None
     try:
         job = load_rljob(job_file)
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
@@ -375,6 +395,7 @@ def run_command(
             evaluate=solve_rate if evaluate and held_out else None,
             metrics_port=metrics_port,
             metrics_linger_s=linger_s,
+            pinning=cores,
         )
     except RunError as err:
         raise click.UsageError(str(err)) from None

@@ -4,6 +4,7 @@ Pure functions from the job to process specs (argv, env, readiness URL) and to t
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ class ProcessSpec:
     ready_url: str | None = None  # polled until 200 before the next tier starts; None: no readiness
     log: Path = Path("/dev/null")
     live_url: str | None = None  # liveness: failing it LIVENESS_FAILURES times in a row restarts the process
+    cpus: frozenset[int] | None = None  # the cores it (and every process it starts) may run on; None: any
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,13 @@ def plan(
     sandbox_token: str,
     sandbox_root: Path,
     cpus: int,
+    pinning: Mapping[str, frozenset[int]] | None = None,
 ) -> list[ProcessSpec]:
     """Sandbox servers, then rollout servers, then the learner (torchrun when it has several ranks).
-    `sandbox_root` must be traversable by the sessions' own uids (e.g. a 0711 folder under /tmp)."""
+    `sandbox_root` must be traversable by the sessions' own uids (e.g. a 0711 folder under /tmp). `pinning`
+    (tier -> cores, `kuberl run --cpus`) keeps tiers on cores of their own, as pods on their own nodes are;
+    a pinned tier's threads are its cores."""
+    pinning = pinning or {}
     python = [sys.executable, "-m", "kuberl.cli"]
     logs = run_dir / "logs"
     sandbox_urls = [f"http://127.0.0.1:{p}" for p in ports.sandboxes]
@@ -75,6 +81,7 @@ def plan(
             f"{sandbox_urls[i]}/readyz",
             logs / f"sandbox-{i}.log",
             f"{sandbox_urls[i]}/healthz",
+            pinning.get("sandbox"),
         )
         for i, port in enumerate(ports.sandboxes)
     ]
@@ -92,7 +99,9 @@ def plan(
             *(a for url in sandbox_urls for a in ("--sandbox-url", url)),
         ]
         # the engines share the machine with the learner: each gets its share of the cores as threads
-        threads = env_vars.cpu_engine_threads(cpus // (len(ports.rollouts) + 1))
+        pinned = pinning.get("rollout")
+        share = len(pinned) // len(ports.rollouts) if pinned else cpus // (len(ports.rollouts) + 1)
+        threads = env_vars.cpu_engine_threads(share)
         env = {**token, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
         out.append(
             ProcessSpec(
@@ -103,6 +112,7 @@ def plan(
                 f"{rollout_urls[i]}/readyz",
                 logs / f"rollout-{i}.log",
                 f"{rollout_urls[i]}/healthz",
+                pinned,
             )
         )
     ranks = spec.learner.replicas
@@ -122,9 +132,36 @@ def plan(
         argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
     else:
         argv = [*python, *tail]
-    env = {env_vars.OMP_NUM_THREADS: str(max(1, cpus // ranks)), "HF_HUB_OFFLINE": "1"}
-    out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log"))
+    learner_cpus = pinning.get("learner")
+    env = {env_vars.OMP_NUM_THREADS: str(max(1, len(learner_cpus or range(cpus)) // ranks)), "HF_HUB_OFFLINE": "1"}
+    out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log", cpus=learner_cpus))
     return out
+
+
+TIERS = ("sandbox", "rollout", "learner")
+
+
+def parse_pinning(values: list[str], available: set[int]) -> dict[str, frozenset[int]]:
+    """`TIER=CPUS` options (`rollout=0`, `learner=1,2-3`) as tier -> cores; raises ValueError naming the option
+    and what to write when a tier or core is unknown."""
+    pinning: dict[str, frozenset[int]] = {}
+    for value in values:
+        tier, _, cores = value.partition("=")
+        if tier not in TIERS or not cores:
+            raise ValueError(
+                f"--cpus {value!r}: expected TIER=CPUS with TIER one of {', '.join(TIERS)}, e.g. learner=1"
+            )
+        chosen: set[int] = set()
+        try:
+            for part in cores.split(","):
+                first, _, last = part.partition("-")
+                chosen.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            raise ValueError(f"--cpus {value!r}: CPUS is a list of cores and ranges such as 0,2-3") from None
+        if missing := sorted(chosen - available):
+            raise ValueError(f"--cpus {value!r}: cores {missing} are not available here (have {sorted(available)})")
+        pinning[tier] = frozenset(chosen)
+    return pinning
 
 
 def prometheus_targets(job: RLJob, ports: Ports, job_metrics_port: int | None = None) -> list[dict]:

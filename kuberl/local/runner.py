@@ -19,7 +19,7 @@ import secrets
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,13 +138,15 @@ def run_job(
     evaluate: Callable[[list[str]], float] | None = None,
     metrics_port: int | None = None,
     metrics_linger_s: float = 0.0,
+    pinning: Mapping[str, frozenset[int]] | None = None,
 ) -> RunRecord:
     """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
     line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
     token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder.
     `evaluate(rollout_urls)` measures the held-out solve rate of what the rollout servers serve: before
     RL (after the warm-up) and after it, while no learner uses them. `metrics_port` serves the job-level
-    metrics (RunMetrics), the final status `metrics_linger_s` longer after the job ends (for a scraper)."""
+    metrics (RunMetrics), the final status `metrics_linger_s` longer after the job ends (for a scraper).
+    `pinning` keeps tiers on cores of their own (`kuberl run --cpus`)."""
     out = out or ProgressPrinter()
     record_file = run_dir / "job.json"
     if (record_file.exists() or (run_dir / "metrics.jsonl").exists()) and not resume:
@@ -182,7 +184,7 @@ def run_job(
         previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         if warm_up is not None:  # the rollout servers and the learner start from the warmed-up model
             model_path = _warm_up_stage(run_dir, model_path, warm_up, out)
-        specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1)
+        specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1, pinning)
         supervisor = Supervisor(specs, spec.limits.retry_budget, log=out.message)
         stop: Stop | None = None
         try:

@@ -58,6 +58,8 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if m.spec.cpus:  # before it starts a thread or a process: they inherit the mask
+            os.sched_setaffinity(m.proc.pid, m.spec.cpus)
         m.restart_at, m.finished, m.live_failures = None, False, 0
         m.next_probe = time.monotonic() + LIVENESS_PERIOD_S
         self._event(name, "started", pid=m.proc.pid)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import io
+import os
+import re
+import sys
 from pathlib import Path
 
+import pytest
 from conftest import with_spec
 
 from kuberl.api.rljob import RLJob
 from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import Ports, plan
+from kuberl.local.processes import Ports, ProcessSpec, parse_pinning, plan
 from kuberl.local.progress import ProgressPrinter, duration, progress_line
+from kuberl.local.supervisor import Supervisor
 
 
 def processes(**sections):
@@ -60,6 +65,54 @@ def test_each_vllm_engine_gets_its_share_of_the_cores_as_unpinned_threads():
     job = RLJob.from_manifest(with_spec())
     wide = plan(job, Path("j.yaml"), Path("r"), "/m", Ports([1], [2], 3), "t", Path("/tmp/s"), cpus=16)
     assert [s.env.get("OMP_NUM_THREADS") for s in wide] == [None, "8", "16"]
+
+
+def test_pinned_tiers_keep_their_cores_and_take_them_as_threads():
+    job = RLJob.from_manifest(with_spec())
+    pinning = parse_pinning(["rollout=0", "sandbox=0", "learner=1-3"], set(range(4)))
+    specs = plan(job, Path("j.yaml"), Path("r"), "/m", Ports([1], [2], 3), "t", Path("/tmp/s"), 4, pinning)
+    assert [(s.tier, s.cpus) for s in specs] == [
+        ("sandbox", frozenset({0})),
+        ("rollout", frozenset({0})),
+        ("learner", frozenset({1, 2, 3})),
+    ]
+    assert [s.env.get("OMP_NUM_THREADS") for s in specs] == [None, "1", "3"]
+    assert all(s.cpus is None for s in plan(job, Path("j"), Path("r"), "/m", Ports([1], [2], 3), "t", Path("/s"), 4))
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("gpu=0", "TIER one of sandbox, rollout, learner"),
+        ("learner", "TIER one of sandbox, rollout, learner"),
+        ("learner=a", "a list of cores and ranges such as 0,2-3"),
+        ("learner=5", "cores [5] are not available here (have [0, 1])"),
+    ],
+)
+def test_a_bad_cpus_option_names_itself_and_what_to_write(value, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_pinning([value], {0, 1})
+
+
+def test_a_pinned_process_and_what_it_starts_run_on_its_cores_only(tmp_path):
+    """The supervisor pins a process as it starts it; a child it starts later inherits the mask."""
+    core = min(os.sched_getaffinity(0))
+    child = "import os; print(sorted(os.sched_getaffinity(0)))"
+    script = (
+        "import os, subprocess, sys, time; time.sleep(0.3); print(sorted(os.sched_getaffinity(0)), "
+        f"subprocess.check_output([sys.executable, '-c', {child!r}], text=True).strip(), flush=True)"
+    )
+    spec = ProcessSpec(
+        "learner",
+        "learner",
+        [sys.executable, "-c", script],
+        log=tmp_path / "l.log",
+        cpus=frozenset({core}),
+    )
+    supervisor = Supervisor([spec], retry_budget=0, log=lambda _: None)
+    supervisor.start("learner")
+    supervisor.managed["learner"].proc.wait(30)
+    assert (tmp_path / "l.log").read_text().split() == [f"[{core}]", f"[{core}]"]
 
 
 LINE = {"step": 12, "reward_mean": 0.4123, "solve_rate": 0.375, "tokens_per_s": 2103.4, "staleness_mean": 0.5}
