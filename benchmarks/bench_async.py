@@ -1,113 +1,164 @@
-"""Async against sync training on the same machine and workload, both in one run.
+"""Sync, async and async with partial rollouts on the same workload, all three in one run, with the rollout
+tier and the learner on cores of their own (as in a cluster, where they never share a device).
 
-Workload: swe-toy train tasks whose `run_tests` takes a heavy-tailed time (a Pareto-distributed sleep before
-the tests, as agent environments do: most calls are quick, a few are very slow); the tiny model after the
-job's supervised warm-up, so episodes use the tools. Each mode runs `kuberl run` for the same wall clock.
-Reported: training steps per hour of RL time, and the mean batch reward of the last steps. Goal: async
->= 2.5x the steps per hour of sync at equal or better reward per step.
+Workload: the demo's job (examples/swe-toy.yaml: its model, warm-up and recipe), whose `run_tests` tool
+first sleeps for a log-normal time with a median of 2.5 s and a p99 of 60 s, capped at 120 s (sigma =
+ln(60 / 2.5) / 2.326 = 1.37): how long a test suite of a real repository takes. Command durations are
+heavy-tailed and close to log-normal (most runs are quick, a few take a minute); the median and p99 are the
+ones issue 20 states for software-engineering test runs. File tools and submit take no extra time. The
+rollout tier (vLLM engine, rollout server, sandbox) runs on core 0, the learner on core 1 (`kuberl run
+--cpus`). Each mode trains for the same wall clock after start-up.
+
+Reported per mode: training steps per hour of RL time, the mean batch reward per step (over the steps all
+modes reached) and at the fixed wall clock (the last steps done by then), the mean staleness, and the
+learner's idle fraction (the time it waited for trajectories). Goal: async >= 2.5x the steps per hour of
+sync at equal or better reward per step.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
-RL_SECONDS = 240  # wall clock per mode, after start-up
-TAIL = "python -c 'import random, time; time.sleep(min(20.0, 0.15 * random.paretovariate(1.1)))' ; "
+RL_SECONDS = 300  # wall clock per mode, after start-up
+MEDIAN_S, P99_S, CAP_S = 2.5, 60.0, 120.0
+SIGMA = math.log(P99_S / MEDIAN_S) / 2.326  # the 99th percentile of a standard normal
+TAIL = (
+    "python -c 'import math, random, time; "
+    f"time.sleep(min({CAP_S}, {MEDIAN_S} * math.exp(random.gauss(0.0, {SIGMA:.4f}))))' ; "
+)
+MODES = {"sync": ("sync", False), "async": ("async", False), "async_partial": ("async", True)}
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "examples" / "swe-toy.yaml"
+WARM_MODEL = REPO / "runs" / "models" / "swe-toy-warm"  # the demo's warmed-up model, kept for later runs
+REWARD_STEPS_AT_CLOCK = 5
 
 
-def slow_tasks(path: Path) -> Path:
-    from kuberl.suites import load_tasks
+def slow_tasks(path: Path, tasks: list) -> Path:
     from kuberl.suites.store import write_jsonl
 
-    tasks = [t.model_copy(update={"test_command": TAIL + t.test_command}) for t in load_tasks("swe-toy")]
-    write_jsonl(tasks, path)
+    write_jsonl([t.model_copy(update={"test_command": TAIL + t.test_command}) for t in tasks], path)
     return path
 
 
-def manifest(name: str, model: Path, tasks: Path, mode: str) -> dict:
-    return {
-        "apiVersion": "kuberl.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"uri": str(model), "dtype": "float32", "maxContextTokens": 2048},
-            "algorithm": {
-                "groupSize": 4,
-                "creditAssignment": {"mode": "turn", "gamma": 0.9},
-                "dynamicSampling": False,
-            },  # every batch the same size of work, as in the baseline
-            "training": {
-                "totalSteps": 10_000,
-                "trajectoriesPerStep": 16,
-                "learningRate": 1e-4,
-                "mode": mode,
-                "maxStaleness": 1 if mode == "sync" else 2,
-                "seed": 3,
-            },
-            "environment": {"tasks": {"uri": str(tasks)}, "maxTurns": 5, "maxTokensPerTrajectory": 1536},
-            "reward": {"intermediateRewards": True},
-            "rollout": {
-                "concurrentSessions": 48,
-                "maxTokensPerTurn": 64,
-                "engine": {"maxNumSeqs": 48, "maxModelLen": 2048},
-            },
-            "checkpoint": {"intervalSteps": 10_000},
-            "limits": {"maxWallClock": f"{RL_SECONDS + 90}s", "noProgressTimeout": "10m"},
-        },
-    }
+def demo_manifest() -> dict:
+    import yaml
+
+    return yaml.safe_load(DEMO.read_text())
 
 
-def summary(run_dir: Path) -> dict[str, float]:
+def manifest(name: str, model: Path, tasks: Path, mode: str, partial: bool) -> dict:
+    doc = demo_manifest()
+    spec = doc["spec"]
+    doc["metadata"] = {"name": name}
+    spec["model"]["uri"] = str(model)
+    spec["algorithm"]["dynamicSampling"] = False  # every step the same work in every mode
+    spec["training"].pop("warmup", None)
+    spec["training"].update(
+        {
+            "totalSteps": 10_000,
+            "trajectoriesPerStep": 16,
+            "oversampling": 1.0,
+            "mode": mode,
+            "maxStaleness": 1 if mode == "sync" else 2,
+        }
+    )
+    spec["environment"]["tasks"] = {"uri": str(tasks), "split": "train"}
+    spec["environment"]["turnTimeout"] = f"{int(CAP_S) + 30}s"
+    spec["environment"]["trajectoryTimeout"] = "15m"
+    spec["rollout"] = {**spec.get("rollout", {}), "concurrentSessions": 48, "partialRollouts": partial}
+    spec["rollout"].setdefault("engine", {})["maxNumSeqs"] = 48
+    spec["checkpoint"] = {"intervalSteps": 10_000}
+    spec["limits"] = {"maxWallClock": f"{RL_SECONDS + 120}s", "noProgressTimeout": "10m"}
+    return doc
+
+
+def summary(run_dir: Path, common_steps: int | None = None) -> dict[str, object]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rl_seconds = lines[-1]["time"] - (lines[0]["time"] - lines[0]["step_s"])
-    tail = lines[-max(1, len(lines) // 4) :]
+    start = lines[0]["time"] - lines[0]["step_s"]
+    done = [x for x in lines if x["time"] - start <= RL_SECONDS] or lines[:1]
+    rl_seconds = done[-1]["time"] - start
     return {
-        "steps": len(lines),
+        "steps": len(done),
         "rl_seconds": round(rl_seconds, 1),
-        "steps_per_hour": round(3600 * len(lines) / rl_seconds, 1),
-        "reward_last_quarter": round(statistics.mean(x["reward_mean"] for x in tail), 4),
-        "reward_first_quarter": round(statistics.mean(x["reward_mean"] for x in lines[: len(tail)]), 4),
-        "mean_staleness": round(statistics.mean(x["staleness_mean"] for x in lines), 3),
-        "median_wait_s": round(statistics.median(x["wait_s"] for x in lines), 2),
+        "steps_per_hour": round(3600 * len(done) / rl_seconds, 1),
+        "reward_per_step": round(statistics.mean(x["reward_mean"] for x in done[:common_steps]), 4),
+        "reward_at_wall_clock": round(statistics.mean(x["reward_mean"] for x in done[-REWARD_STEPS_AT_CLOCK:]), 4),
+        "mean_staleness": round(statistics.mean(x["staleness_mean"] for x in done), 3),
+        "learner_idle_fraction": round(sum(x["wait_s"] for x in done) / rl_seconds, 3),
+        "median_wait_s": round(statistics.median(x["wait_s"] for x in done), 2),
         # [seconds of RL, step, batch reward] per step: the report's async-against-sync plot
-        "curve": [
-            [round(x["time"] - lines[0]["time"] + lines[0]["step_s"], 1), x["step"], x["reward_mean"]] for x in lines
-        ],
+        "curve": [[round(x["time"] - start, 1), x["step"], x["reward_mean"]] for x in lines],
     }
+
+
+def warmed_up_model() -> Path:
+    """The demo's base model after the demo's warm-up (built and kept under runs/models the first time)."""
+    import shutil
+
+    from kuberl.api.rljob import RLJob
+    from kuberl.cli import build_tiny_model_command
+    from kuberl_rollout.sandbox_client import SandboxEnvironments
+    from kuberl_sandbox.local import local_sandbox
+    from kuberl_trainer.warmup import warm_up
+
+    if (WARM_MODEL / "config.json").exists():
+        return WARM_MODEL
+    doc = demo_manifest()
+    base = REPO / doc["spec"]["model"]["uri"]
+    if not (base / "copy_pretraining.json").exists():
+        build_tiny_model_command.callback(str(base), hidden_size=128, layers=2, seed=0, copy_pretraining=True)
+    partial = WARM_MODEL.with_name(WARM_MODEL.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with local_sandbox() as sandbox:
+        environments = lambda: SandboxEnvironments(sandbox.url, sandbox.token)  # noqa: E731
+        stats = warm_up(RLJob.from_manifest(doc), str(base), str(partial), environments)
+    print(f"[bench]   warm-up: {stats}", flush=True)
+    partial.rename(WARM_MODEL)
+    return WARM_MODEL
 
 
 def run() -> dict[str, object]:
     import yaml
 
     from kuberl.api.rljob import RLJob
+    from kuberl.local.processes import parse_pinning
     from kuberl.local.progress import ProgressPrinter
     from kuberl.local.runner import run_job
-    from kuberl.modeling.tiny import build_tiny_model
-    from kuberl_rollout.sandbox_client import SandboxEnvironments
-    from kuberl_sandbox.local import local_sandbox
-    from kuberl_trainer.warmup import warm_up
+    from kuberl.suites import environment_tasks
 
-    out: dict[str, object] = {"rl_seconds_per_mode": RL_SECONDS}
+    cores = sorted(os.sched_getaffinity(0))
+    pinning = (
+        parse_pinning([f"rollout={cores[0]}", f"sandbox={cores[0]}", f"learner={cores[1]}"], set(cores))
+        if len(cores) >= 2
+        else None
+    )
+    out: dict[str, object] = {
+        "rl_seconds_per_mode": RL_SECONDS,
+        "run_tests_latency": {"distribution": "log-normal", "median_s": MEDIAN_S, "p99_s": P99_S, "cap_s": CAP_S},
+        "pinning": {tier: sorted(c) for tier, c in (pinning or {}).items()} or "none: one core",
+    }
     with tempfile.TemporaryDirectory(prefix="kuberl-async-bench-") as tmp:
         work = Path(tmp)
-        tasks = slow_tasks(work / "tasks.jsonl")
-        base = build_tiny_model(work / "base", hidden_size=128, layers=4, heads=4, seed=0)
-        warm = manifest("warm", base, tasks, "sync")
-        warm["spec"]["training"]["warmup"] = {"demonstrations": 256}
-        warm_job = RLJob.from_manifest(warm)
-        with local_sandbox() as sandbox:
-            warm_up(warm_job, str(base), str(work / "warm"), lambda: SandboxEnvironments(sandbox.url, sandbox.token))
-        for mode in ("sync", "async"):
-            doc = manifest(f"bench-{mode}", work / "warm", tasks, mode)
-            path = work / f"{mode}.yaml"
+        model = warmed_up_model()
+        job = RLJob.from_manifest(demo_manifest())
+        tasks = slow_tasks(work / "tasks.jsonl", environment_tasks(job.spec.environment, "train"))
+        for name, (mode, partial) in MODES.items():
+            doc = manifest(f"bench-{name.replace('_', '-')}", model, tasks, mode, partial)
+            path = work / f"{name}.yaml"
             path.write_text(yaml.safe_dump(doc))
-            run_job(RLJob.from_manifest(doc), path, work / mode, str(work / "warm"), out=ProgressPrinter())
-            out[mode] = summary(work / mode)
-            print(f"[bench]   {mode}: {out[mode]}", flush=True)
-        out["async_over_sync_steps_per_hour"] = round(out["async"]["steps_per_hour"] / out["sync"]["steps_per_hour"], 2)
+            run_job(RLJob.from_manifest(doc), path, work / name, str(model), out=ProgressPrinter(), pinning=pinning)
+        common = min(summary(work / name)["steps"] for name in MODES)
+        for name in MODES:
+            out[name] = summary(work / name, common)
+            print(f"[bench]   {name}: { {k: v for k, v in out[name].items() if k != 'curve'} }", flush=True)
+        sync = out["sync"]["steps_per_hour"]
+        out["async_over_sync_steps_per_hour"] = round(out["async"]["steps_per_hour"] / sync, 2)
+        out["async_partial_over_sync_steps_per_hour"] = round(out["async_partial"]["steps_per_hour"] / sync, 2)
     return out
 
 
