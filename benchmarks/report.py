@@ -92,6 +92,25 @@ GOALS: tuple[Goal, ...] = (
         "higher",
     ),
     Goal(
+        "async with partial rollouts ÷ sync training steps per hour",
+        lambda r: dig(r, "async.async_partial_over_sync_steps_per_hour"),
+        2.5,
+        "higher",
+    ),
+    Goal(
+        "async ÷ sync mean reward per step (the steps all modes reached)",
+        quotient("async.async.reward_per_step", "async.sync.reward_per_step"),
+        1.0,
+        "higher",
+    ),
+    Goal(
+        "learner idle fraction, async (sync's is the baseline to beat)",
+        lambda r: dig(r, "async.async.learner_idle_fraction"),
+        None,
+        "lower",
+        "",
+    ),
+    Goal(
         "rollout tokens/s at 500 environments ÷ vLLM offline tokens/s",
         quotient(
             "rollout.throughput.500.generated_tokens_per_s", "rollout.engine_vs_vllm_offline.offline_tokens_per_s"
