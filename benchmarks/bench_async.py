@@ -1,13 +1,13 @@
 """Sync, async and async with partial rollouts on the same workload, all three in one run, with the rollout
 tier and the learner on cores of their own (as in a cluster, where they never share a device).
 
-Workload: the demo's job (examples/swe-toy.yaml: its model, warm-up and recipe), whose `run_tests` tool
-first sleeps for a log-normal time with a median of 2.5 s and a p99 of 60 s, capped at 120 s (sigma =
-ln(60 / 2.5) / 2.326 = 1.37): how long a test suite of a real repository takes. Command durations are
-heavy-tailed and close to log-normal (most runs are quick, a few take a minute); the median and p99 are the
-ones issue 20 states for software-engineering test runs. File tools and submit take no extra time. The
-rollout tier (vLLM engine, rollout server, sandbox) runs on core 0, the learner on core 1 (`kuberl run
---cpus`). Each mode trains for the same wall clock after start-up.
+Workload: the demo's job (examples/swe-toy.yaml: its model, warm-up and recipe), whose test runs (the
+`run_tests` tool and the submission's scoring) take a log-normal time with a median of 2.5 s and a p99 of
+60 s, capped at 120 s (sigma = ln(60 / 2.5) / 2.326 = 1.37): how long a real repository's test suite takes.
+Command durations are heavy-tailed and close to log-normal (most runs are quick, a few take a minute); the
+median and p99 are the ones issue 20 states for software-engineering test runs. File tools take no extra
+time. The rollout tier (vLLM engine, rollout server, sandbox) runs on core 0, the learner on core 1 (`kuberl
+run --cpus`). Each mode trains for the same wall clock after start-up.
 
 Reported per mode: training steps per hour of RL time, the mean batch reward per step (over the steps all
 modes reached) and at the fixed wall clock (the last steps done by then), the mean staleness, and the
@@ -27,9 +27,13 @@ from pathlib import Path
 RL_SECONDS = 300  # wall clock per mode, after start-up
 MEDIAN_S, P99_S, CAP_S = 2.5, 60.0, 120.0
 SIGMA = math.log(P99_S / MEDIAN_S) / 2.326  # the 99th percentile of a standard normal
-TAIL = (
-    "python -c 'import math, random, time; "
-    f"time.sleep(min({CAP_S}, {MEDIAN_S} * math.exp(random.gauss(0.0, {SIGMA:.4f}))))' ; "
+# The first line of every module the tests import: importing it for a test run (visible or hidden) takes
+# that run's time. swe-toy's tests never run `test_command` (the oracle calls the module's functions), and
+# the sandbox reuses the outcome of a test run of the same files (the episodes of a group testing the
+# untouched files share one run), as a real test cache would.
+SLOW_IMPORT = (
+    "import math as _m, random as _r, time as _t; "
+    f"_t.sleep(min({CAP_S}, {MEDIAN_S} * _m.exp(_r.gauss(0.0, {SIGMA:.4f}))))  # the test run's time\n"
 )
 MODES = {"sync": ("sync", False), "async": ("async", False), "async_partial": ("async", True)}
 REPO = Path(__file__).resolve().parents[1]
@@ -39,9 +43,18 @@ REWARD_STEPS_AT_CLOCK = 5
 
 
 def slow_tasks(path: Path, tasks: list) -> Path:
+    """`tasks` whose modules under test take a test run's time to import (SLOW_IMPORT)."""
     from kuberl.suites.store import write_jsonl
 
-    write_jsonl([t.model_copy(update={"test_command": TAIL + t.test_command}) for t in tasks], path)
+    slow = []
+    for task in tasks:
+        checks = [*task.oracle.visible, *task.oracle.hidden] if task.oracle else []
+        modules = {c.module.replace(".", "/") + ".py" for c in checks} & task.files.keys()
+        if not modules:
+            raise ValueError(f"task {task.task_id}: no module under test to slow down")
+        files = {name: SLOW_IMPORT + text if name in modules else text for name, text in task.files.items()}
+        slow.append(task.model_copy(update={"files": files}))
+    write_jsonl(slow, path)
     return path
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kuberl.api import env_vars
+from kuberl.api.sandbox_http import MAX_COMMAND_TIMEOUT_S
 
 TOKEN_ENV = env_vars.SANDBOX_TOKEN
 ADVERTISE_ENV = env_vars.SANDBOX_ADVERTISE_URL
@@ -44,7 +45,7 @@ class SandboxSettings:
     """Shared secret callers present as `Authorization: Bearer <token>`."""
     limits: CommandLimits = field(default_factory=CommandLimits)
     """Default limits of one command."""
-    max_timeout_s: float = 600.0
+    max_timeout_s: float = MAX_COMMAND_TIMEOUT_S
     """Largest timeout a caller may ask for."""
     max_sessions: int = 2048
     """Sessions one process holds; creating more answers 503."""

@@ -13,6 +13,8 @@ from pydantic.alias_generators import to_camel
 from kuberl.api.environment import Snapshot, Task
 
 MAX_COMMAND_CHARS = 100_000
+MAX_COMMAND_TIMEOUT_S = 600.0
+"""The longest per-command timeout a sandbox server grants (a session asking for more is refused)."""
 
 
 class Body(BaseModel):

@@ -27,6 +27,7 @@ from kuberl.api.environment import (
     ToolCall,
 )
 from kuberl.api.sandbox_http import (
+    MAX_COMMAND_TIMEOUT_S,
     Body,
     CreateSession,
     ExecRequest,
@@ -211,10 +212,14 @@ class SandboxEnvironment:
         process_reward: RewardFunction | None = None,
         process_weight: float = 0.0,
         session_started: Callable[[float], None] | None = None,
+        command_timeout_s: float | None = None,
     ) -> None:
         self.client = client
         # told the seconds each session took to open (the rollout tier's metric; the sandbox autoscaler's input)
         self.session_started = session_started
+        # the sandbox's limit of one command (its own default: 30 s): the job's turnTimeout, so that a test run
+        # the turn would wait for is not cut short by the sandbox first
+        self.command_timeout_s = None if command_timeout_s is None else min(command_timeout_s, MAX_COMMAND_TIMEOUT_S)
         self.scorer = EpisodeScorer(reward_fn, intermediate_rewards, process_reward, process_weight)
         self.session_id: str | None = None
 
@@ -233,7 +238,7 @@ class SandboxEnvironment:
     async def reset(self, task: Task) -> str:
         """Open a session on `task`; returns the initial observation."""
         started = time.perf_counter()
-        created = await self.client.create_session(task)
+        created = await self.client.create_session(task, self.command_timeout_s)
         if self.session_started is not None:
             self.session_started(time.perf_counter() - started)
         self.session_id = created["sessionId"]

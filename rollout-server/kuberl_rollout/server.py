@@ -109,9 +109,10 @@ def episode_world(settings: RolloutSettings, rewards: Rewards, metrics: RolloutM
         return EpisodeWorld(openenv.open, openenv.system_prompt)
     sandboxes = itertools.cycle([SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls])
     started = metrics.sandbox_session_start_seconds.observe
+    turn_s = parse_duration(settings.job.spec.environment.turn_timeout)
 
     def open_session() -> ScoredEnvironment:
-        return SandboxEnvironment(next(sandboxes), *scoring, session_started=started)
+        return SandboxEnvironment(next(sandboxes), *scoring, session_started=started, command_timeout_s=turn_s)
 
     return EpisodeWorld(open_session, SWE_SYSTEM_PROMPT)
 

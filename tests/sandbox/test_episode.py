@@ -198,3 +198,21 @@ def test_the_outcome_cache_keeps_the_newest_and_never_a_timed_out_run():
     off = OutcomeCache(0)
     off.put("task", False, "a", ran)
     assert off.get("task", False, "a") is None
+
+
+def test_a_sessions_commands_may_take_the_jobs_turn_timeout(sandbox):
+    """The sandbox's own limit of one command (30 s) would cut a test run that the turn (environment.turnTimeout)
+    still waits for: the environment opens its sessions with the turn's timeout."""
+
+    async def run(command_timeout_s: float | None) -> dict:
+        client = SandboxClient(sandbox.url, sandbox.token)
+        env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"), command_timeout_s=command_timeout_s)
+        await env.reset(TASKS[0])
+        result = await env.step(ToolCall(name="run", arguments={"command": "sleep 2; echo done"}))
+        await env.close()
+        await client.aclose()
+        return result.info
+
+    assert asyncio.run(run(1.0))["timedOut"] is True
+    assert asyncio.run(run(None)) == {"exitCode": 0, "timedOut": False}
+    assert SandboxEnvironment(None, resolve_reward("swe-toy-tests"), command_timeout_s=10_000).command_timeout_s == 600
