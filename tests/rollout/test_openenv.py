@@ -153,9 +153,22 @@ class CountingEngine:
         return Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
 
 
-def service(env_class: type) -> RolloutService:
+class SeedRecordingEngine(CountingEngine):
+    """CountingEngine that keeps the sampling seed of every call."""
+
+    def __init__(self) -> None:
+        self.seeds: list[int | None] = []
+
+    async def generate(self, prompt_ids, max_tokens, **sampling) -> Generation:
+        self.seeds.append(sampling.get("seed"))
+        return await super().generate(prompt_ids, max_tokens, **sampling)
+
+
+def service(env_class: type, engine: CountingEngine | None = None) -> RolloutService:
     environments = OpenEnvEnvironments(env_class, RETURN)
-    agent = Agent(CountingEngine(), ChatFormat(CharTokenizer()), environments.system_prompt, EpisodeLimits(max_turns=4))
+    agent = Agent(
+        engine or CountingEngine(), ChatFormat(CharTokenizer()), environments.system_prompt, EpisodeLimits(max_turns=4)
+    )
     tasks = {t.task_id: t for t in load_tasks(GUESS, count=8)}
     return RolloutService(agent, environments.open, RETURN, tasks, 4, RolloutMetrics())
 
@@ -185,6 +198,17 @@ async def test_the_built_in_agent_plays_openenv_episodes_with_env_rewards_turns_
         text = "".join(chr(i) for i in t.token_ids[: t.prompt_length])
         assert "I picked a number from 1 to 8" in text and "Tools: guess(number)" in text
     assert [rollout.describe(g.group_id).failed for g in groups] == [0, 0, 0, 0]
+
+
+async def test_every_turn_of_every_episode_of_a_group_samples_with_a_seed_of_its_own():
+    # the game's prompt is the same for every seed: episodes that share a turn's sampling seed make the same call
+    engine = SeedRecordingEngine()
+    rollout = service(openenv_guess.GuessNumberEnvironment, engine)
+    rollout.submit("seed-5", None, 8, seed=3)  # secret 5: every episode takes all 4 turns
+    rollout.submit("seed-7", None, 8, seed=4)  # secret 6
+    await take_all(rollout, 16)
+    assert len(engine.seeds) == 16 * 4 and None not in engine.seeds
+    assert len(set(engine.seeds)) == len(engine.seeds)
 
 
 @pytest.mark.parametrize(
