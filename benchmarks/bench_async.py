@@ -11,8 +11,9 @@ run --cpus`). Each mode trains for the same wall clock after start-up.
 
 Reported per mode: training steps per hour of RL time, the mean batch reward per step (over the steps all
 modes reached) and at the fixed wall clock (the last steps done by then), the mean staleness, and the
-learner's idle fraction (the time it waited for trajectories). Goal: async >= 2.5x the steps per hour of
-sync at equal or better reward per step.
+learner's idle fraction (the time it did not train: waiting for trajectories, or for a weight update that
+without partial rollouts lets the episodes in flight finish on the old weights first). Goal: async >= 2.5x
+the steps per hour of sync at equal or better reward per step.
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ def summary(run_dir: Path, common_steps: int | None = None) -> dict[str, object]
         "reward_per_step": round(statistics.mean(x["reward_mean"] for x in done[:common_steps]), 4),
         "reward_at_wall_clock": round(statistics.mean(x["reward_mean"] for x in done[-REWARD_STEPS_AT_CLOCK:]), 4),
         "mean_staleness": round(statistics.mean(x["staleness_mean"] for x in done), 3),
-        "learner_idle_fraction": round(sum(x["wait_s"] for x in done) / rl_seconds, 3),
+        # not training: waiting for trajectories, or for a weight update that waits for the episodes in flight
+        "learner_idle_fraction": round(1 - sum(x["train_s"] for x in done) / rl_seconds, 3),
         "median_wait_s": round(statistics.median(x["wait_s"] for x in done), 2),
+        "median_weight_sync_s": round(statistics.median(x["weight_sync_s"] for x in done), 2),
         # [seconds of RL, step, batch reward] per step: the report's async-against-sync plot
         "curve": [[round(x["time"] - start, 1), x["step"], x["reward_mean"]] for x in lines],
     }
