@@ -22,7 +22,7 @@ class ScriptedClient:
     def __init__(self, results: list[StepResult]) -> None:
         self.results = list(results)
 
-    async def create_session(self, task) -> dict:
+    async def create_session(self, task, timeout: float | None = None) -> dict:
         return {"sessionId": "s1", "observation": "start"}
 
     async def step(self, session_id: str, action: ToolCall) -> StepResult:
