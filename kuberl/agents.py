@@ -3,24 +3,15 @@ by `kuberl validate` as by the rollout server that runs them (kuberl_rollout.ext
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 from kuberl.api.agents import AgentEntryPoint
+from kuberl.imports import import_reference
 
 
 def resolve_agent(ref: str) -> AgentEntryPoint:
     """The async entry point `ref` (`module:function`) names; ValueError saying why when there is none."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"agent {ref!r}: expected module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # a module that fails while importing is as unusable as a missing one
-        raise ValueError(f"agent {ref!r}: cannot import module {module_name!r} ({type(err).__name__}: {err})") from None
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise ValueError(f"agent {ref!r}: module {module_name!r} has no attribute {attr!r}")
+    fn = import_reference(ref, "agent", "module:function")
     if not inspect.iscoroutinefunction(fn):
-        raise ValueError(f"agent {ref!r}: {attr!r} must be an async function (task, base_url, env)")
+        raise ValueError(f"agent {ref!r}: {ref.partition(':')[2]!r} must be an async function (task, base_url, env)")
     return fn  # type: ignore[no-any-return]

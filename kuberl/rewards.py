@@ -14,10 +14,10 @@ environment returned; user code never has to be installed in sandbox images.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 
 from kuberl.api.environment import RewardContext, RewardFunction, StepResult, Task, ToolCall
+from kuberl.imports import import_reference
 
 _REGISTRY: dict[str, RewardFunction] = {}
 
@@ -46,14 +46,9 @@ def resolve_reward(ref: str) -> RewardFunction:
         raise ValueError(
             f"unknown reward {ref!r}: registered rewards are {', '.join(registered_rewards())}; or give module:function"
         )
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"reward {ref!r}: cannot import module {module_name!r} ({err})") from None
-    fn = getattr(module, attr, None)
+    fn = import_reference(ref, "reward", "module:function")
     if not callable(fn):
-        raise ValueError(f"reward {ref!r}: module {module_name!r} has no callable {attr!r}")
+        raise ValueError(f"reward {ref!r}: {ref.partition(':')[2]!r} is not callable")
     return fn
 
 

@@ -35,7 +35,8 @@ def test_user_registration():
     [
         ("nope", "unknown reward 'nope': registered rewards are"),
         ("no_such_module:f", "cannot import module"),
-        ("kuberl.rewards:missing", "has no callable 'missing'"),
+        ("kuberl.rewards:missing", "module 'kuberl.rewards' has no attribute 'missing'"),
+        ("kuberl.rewards:ENVIRONMENT_REWARD", "'ENVIRONMENT_REWARD' is not callable"),
     ],
 )
 def test_bad_references(ref, words):

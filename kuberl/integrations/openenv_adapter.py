@@ -16,7 +16,6 @@ sums them), and `done` ends the episode. What the environment raises ends that e
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import re
 import typing
@@ -28,6 +27,7 @@ from openenv.core.env_server.types import Action, Observation
 from pydantic import ValidationError
 
 from kuberl.api.environment import EnvironmentFailure, RewardFunction, Snapshot, StepResult, Task, ToolCall
+from kuberl.imports import import_reference
 from kuberl.modeling.tool_calls import system_prompt
 from kuberl.rewards import ENVIRONMENT_REWARD, EpisodeScorer
 
@@ -37,21 +37,11 @@ _OBSERVATION_BOOKKEEPING = {"done", "reward", "metadata"}
 
 def resolve_openenv_class(ref: str) -> type[OpenEnvEnvironmentBase]:
     """The OpenEnv `Environment` subclass `ref` (`module:Class`) names; ValueError saying why when there is none."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"OpenEnv environment {ref!r}: expected module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # a module that fails while importing is as unusable as a missing one
-        raise ValueError(
-            f"OpenEnv environment {ref!r}: cannot import module {module_name!r} ({type(err).__name__}: {err})"
-        ) from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"OpenEnv environment {ref!r}: module {module_name!r} has no attribute {attr!r}")
+    cls = import_reference(ref, "OpenEnv environment", "module:Class")
     if not isinstance(cls, type) or not issubclass(cls, OpenEnvEnvironmentBase):
         raise ValueError(
-            f"OpenEnv environment {ref!r}: {attr!r} is not a subclass of openenv.core.env_server.Environment"
+            f"OpenEnv environment {ref!r}: {ref.partition(':')[2]!r} is not a subclass of "
+            "openenv.core.env_server.Environment"
         )
     action_class(cls)  # raises for an environment whose action type cannot be found
     return cls
