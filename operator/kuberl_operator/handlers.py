@@ -108,9 +108,9 @@ def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, observe_pod
     return {name: observe_pods.node_capacity(dict(body))}
 
 
-def create(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, **_: Any) -> None:
+def create(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, retry: int, **_: Any) -> None:
     with metrics.timed("create"):
-        _apply(body, logger, config, new=True)
+        _apply(body, logger, config, new=True, first_try=retry == 0)
 
 
 def apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, **_: Any) -> None:
@@ -118,7 +118,7 @@ def apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, **_: Any
         _apply(body, logger, config, new=False)
 
 
-def _apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, new: bool) -> None:
+def _apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, new: bool, first_try: bool = False) -> None:
     post = _poster(body, logger)
     _export(body, reconcile.current_status(dict(body)))
     try:
@@ -127,7 +127,9 @@ def _apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, new: bo
         _export(body, reconcile.fail_invalid(kube(), dict(body), err, _now(), post))
         return
     with _lock(body):
-        written = reconcile.apply_job(kube(), dict(body), _now(), post, new=new, security=config.sandbox_security)
+        written = reconcile.apply_job(
+            kube(), dict(body), _now(), post, new=new, security=config.sandbox_security, first_try=first_try
+        )
     if written:
         logger.info("applied %s", ", ".join(written))
 

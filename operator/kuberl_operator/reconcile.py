@@ -3,6 +3,7 @@ here; every decision is made by the pure modules (desired, apply.contains, obser
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ _LIVE_PHASES = frozenset({Phase.INITIALIZING, Phase.RUNNING, Phase.RECOVERING})
 KOPF_PREFIX = "operator.kuberl.io"  # where kopf keeps its progress and last-handled spec (annotations)
 PostEvent = Callable[[Event], None]
 _PARSED_MAX = 4096
-_parsed: dict[tuple[str, str], RLJob] = {}  # (uid, resourceVersion) -> the job as parsed (never mutated)
+_parsed: dict[str, RLJob] = {}  # the manifest as canonical JSON -> the job as parsed (never mutated)
 _STATUS_KEYS = {f.alias or name for name, f in RLJobStatus.model_fields.items()}
 
 
@@ -92,20 +93,21 @@ def fresh(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
 
 def parse_job(body: dict[str, Any]) -> RLJob:
     """The RLJob, validated with the project's models (status and server metadata set aside). Parsed once
-    per stored version (uid, resourceVersion): an observation of a thousand unchanged jobs reuses them."""
-    meta = body.get("metadata") or {}
-    key = (meta.get("uid"), meta.get("resourceVersion"))
-    if None not in key and (job := _parsed.get(key)) is not None:
+    per content, not per stored version: the status, kopf's annotations and the finalizer change the
+    resourceVersion four times while a job starts, and its spec not at all (and the emulated API server
+    keeps no metadata.generation to key on)."""
+    manifest = _manifest(body)
+    key = json.dumps(manifest, sort_keys=True, default=str)  # ~1 % of a validation's cost
+    if (job := _parsed.get(key)) is not None:
         return job
-    job = _parse(body)
-    if None not in key:
-        if len(_parsed) >= _PARSED_MAX:
-            _parsed.clear()  # old versions are never asked for again; a full clear is the cheap bound
-        _parsed[key] = job
+    job = RLJob.from_manifest(manifest)
+    if len(_parsed) >= _PARSED_MAX:
+        _parsed.clear()  # old versions are never asked for again; a full clear is the cheap bound
+    _parsed[key] = job
     return job
 
 
-def _parse(body: dict[str, Any]) -> RLJob:
+def _manifest(body: dict[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     manifest = {k: body[k] for k in ("apiVersion", "kind", "spec") if k in body}
     manifest["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
@@ -113,7 +115,7 @@ def _parse(body: dict[str, Any]) -> RLJob:
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(KOPF_PREFIX + "/")}
     if annotations:
         manifest["metadata"]["annotations"] = annotations
-    return RLJob.from_manifest(manifest)
+    return manifest
 
 
 def current_status(body: dict[str, Any]) -> RLJobStatus:
@@ -164,11 +166,19 @@ def apply_job(
     post: PostEvent,
     new: bool = False,
     security: SandboxPodSecurity | None = None,
+    first_try: bool = False,
 ) -> list[str]:
     """Apply the children unless the spec change is unsafe for a started job; then say why in a condition.
     A `new` job (the create handler) has no applied spec to compare with yet. `security`: what the cluster
-    lets sandbox pods use."""
-    body = fresh(kube, body)  # the phase decides the replicas: a stale one would undo a scale-down
+    lets sandbox pods use.
+
+    The job is read afresh first: the phase decides the replicas, and a stale one would undo a scale-down.
+    Not on a new job's `first_try`: until its children exist the state machine can only have moved it to
+    Initializing or Suspended (neither scales down; suspension is read from the spec, admission from Kueue),
+    so the delivered body decides the same, and a thousand creates save a thousand reads. A retried create
+    may follow a job that timed out, and reads it."""
+    if not (new and first_try):
+        body = fresh(kube, body)
     job, namespace = parse_job(body), body["metadata"]["namespace"]
     old = current_status(body)
     applied = None if new else applied_spec(kube.get(config_map_path(job, namespace)))
