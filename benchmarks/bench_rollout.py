@@ -149,10 +149,14 @@ async def throughput(policy: Path, task) -> tuple[dict[str, object], dict[str, l
     for level in LEVELS:
         turns = 0
         rng = random.Random(level)
+        stop = asyncio.Event()
 
-        async def environment_slot(rng: random.Random = rng) -> None:
+        async def environment_slot(rng: random.Random = rng, stop: asyncio.Event = stop) -> None:
             nonlocal turns
-            while True:
+            # a flag, not only the cancel below: Python 3.11's wait_for swallows a cancellation that arrives as
+            # the step it waits for finishes; the episode goes on, and so would the next one, forever (the likely
+            # cause of two runs that hung: the engine generating, the gather below waiting)
+            while not stop.is_set():
                 t = await agent.run(SleepyEnvironment(rng, prompt), task, "bench")
                 turns += len(t.turns) if window["open"] else 0
 
@@ -163,6 +167,7 @@ async def throughput(policy: Path, task) -> tuple[dict[str, object], dict[str, l
         await asyncio.sleep(MEASURE_S)
         window["open"] = False
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        stop.set()
         for slot in slots:
             slot.cancel()
         await asyncio.gather(*slots, return_exceptions=True)
