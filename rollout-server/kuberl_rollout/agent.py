@@ -136,7 +136,8 @@ class Agent:
         finally:
             session_id = env.session_id
             with contextlib.suppress(EnvironmentFailure, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
-                await asyncio.wait_for(env.close(), timeout=10)
+                async with asyncio.timeout(10):
+                    await env.close()
         record = episode.record
         if record is None:  # the sandbox failed before the first prompt existed
             record = TokenRecord(self.chat.prompt_ids(self._messages(task.prompt)))
@@ -159,7 +160,10 @@ class Agent:
     async def _loop(self, env: ScoredEnvironment, task: Task, seed: int | None, episode: EpisodeState) -> FinishReason:
         """Open the session, then take turns; why the episode ended."""
         t0 = time.monotonic()
-        observation = await asyncio.wait_for(env.reset(task), self.limits.turn_timeout_s)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a call that finishes as
+        # the episode is cancelled, swallowing the cancellation (a cancelled group's episode went on)
+        async with asyncio.timeout(self.limits.turn_timeout_s):
+            observation = await env.reset(task)
         self._timed(episode, "environment", time.monotonic() - t0)
         record = episode.record = TokenRecord(self.chat.prompt_ids(self._messages(observation)))
         for turn in range(self.limits.max_turns):
@@ -197,7 +201,8 @@ class Agent:
             tool = parsed.name
             t0 = time.monotonic()
             try:
-                result = await asyncio.wait_for(env.step(parsed), self.limits.turn_timeout_s)
+                async with asyncio.timeout(self.limits.turn_timeout_s):
+                    result = await env.step(parsed)
             except TimeoutError:
                 record.turns.append(Turn(start=start, action_end=action_end, end=action_end, tool=tool))
                 return FinishReason.TIMEOUT

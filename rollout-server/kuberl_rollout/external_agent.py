@@ -61,7 +61,10 @@ class EpisodeEnvironment:
         self.steps += 1
         started = time.monotonic()
         try:
-            result = await asyncio.wait_for(self._env.step(action), self._limits.turn_timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives as the
+            # call finishes (agent.py says more)
+            async with asyncio.timeout(self._limits.turn_timeout_s):
+                result = await self._env.step(action)
         finally:
             seconds = time.monotonic() - started
             self._session.timings["environment"] += seconds
@@ -106,7 +109,8 @@ class ExternalAgent:
         try:
             async with asyncio.timeout(self.limits.trajectory_timeout_s):
                 started = time.monotonic()
-                observation = await asyncio.wait_for(env.reset(task), self.limits.turn_timeout_s)
+                async with asyncio.timeout(self.limits.turn_timeout_s):
+                    observation = await env.reset(task)
                 session.timings["environment"] += time.monotonic() - started
                 handle = EpisodeEnvironment(env, observation, session, self.limits, self.observe)
                 await self.entry_point(task, session.base_url, handle)
@@ -125,7 +129,8 @@ class ExternalAgent:
                 self.sessions.close(session)
             sandbox_session = env.session_id
             with contextlib.suppress(EnvironmentFailure, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
-                await asyncio.wait_for(env.close(), timeout=10)
+                async with asyncio.timeout(10):
+                    await env.close()
         if finish == FinishReason.ERROR:
             reward = 0.0
         else:
