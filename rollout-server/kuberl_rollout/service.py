@@ -175,8 +175,11 @@ class RolloutService:
         two-server job whose replacement server had no groups yet.)"""
         if not self._outbox and wait_s > 0 and self._open_episodes > 0:
             self._arrived.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (the poll's client
+            # gone) that arrives as a trajectory does, and the trajectories taken below would go nowhere
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), timeout=wait_s)
+                async with asyncio.timeout(wait_s):
+                    await self._arrived.wait()
         out = []
         while self._outbox and len(out) < limit:
             trajectory = self._outbox.popleft()
