@@ -48,7 +48,7 @@ TASKS = 128
 TRAIN_SEEDS = [s for s in range(TASKS) if s % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
 HELD_OUT_SEEDS = [s for s in range(TASKS) if s % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]  # 32 seeds
 STEPS, GROUPS, GROUP_SIZE = 12, 8, 8
-LEARNING_RATE, LR_WARMUP_STEPS, MINI_BATCHES = 3e-4, 3, 4
+LEARNING_RATE, LR_WARMUP_STEPS, MINI_BATCHES = 1e-4, 3, 4  # 3e-4 broke the call syntax in 1 of 3 CI runs (1.00 -> 0.41)
 TEMPERATURE = 0.7
 EVAL_GROUP_SIZE = 4  # 32 held-out seeds x 4 = 128 episodes per measure
 MARGIN = 0.15  # the binomial standard error of a difference of two 128-episode win rates near 0.4-0.6 is about 0.06
