@@ -112,7 +112,7 @@ class RunMetrics:
         if supervisor is not None:
             ready = {tier: 0 for tier in ("learner", "rollout", "sandbox")}
             for name, managed in supervisor.managed.items():
-                if supervisor.running(name):
+                if supervisor.ready(name):
                     ready[managed.spec.tier] += self.learner_ranks if managed.spec.tier == "learner" else 1
             update.update(
                 restarts=PerTier(**supervisor.restarts),
@@ -301,7 +301,7 @@ def _monitor(
             if on_step is not None:
                 on_step(line, supervisor)
         seen = len(lines)
-        down = any(not supervisor.running(name) for name in supervisor.managed)
+        down = any(not supervisor.ready(name) for name in supervisor.managed)
         publish(Phase.RECOVERING if down else Phase.RUNNING, supervisor)
         if breaker is None:
             elapsed = record.elapsed_s + time.monotonic() - started

@@ -18,6 +18,7 @@ from kuberl.local.processes import ProcessSpec
 
 BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
 LIVENESS_PERIOD_S, LIVENESS_FAILURES = 5.0, 3
+READY_TIMEOUT_S = 300.0  # a vLLM server loading a model on a busy CPU
 PREEMPTION_GRACE_S = 30.0  # a GKE spot node gives 30 s of notice, AWS 2 minutes: the shorter one
 
 
@@ -35,6 +36,7 @@ class Managed:
     live_failures: int = 0
     next_probe: float = 0.0
     preempted_at: float | None = None  # a preemption notice was given: its exit is not a failure
+    ready_by: float | None = None  # a restarted process is starting: ready before this, or it failed to start
     last_group: int | None = None  # the process group of the last run, until none of it is left
 
 
@@ -46,9 +48,17 @@ class Supervisor:
         self.preemptions: Counter[str] = Counter()  # per tier; never against the retry budget
         self.events: list[dict] = []  # (time, what) of every start, exit and restart, for the run's record
 
-    def start(self, name: str, ready_timeout: float = 300.0) -> None:
-        """Start one process and wait until its readiness URL answers (if it has one)."""
+    def start(self, name: str, ready_timeout: float = READY_TIMEOUT_S) -> None:
+        """Start one process and wait until its readiness URL answers (if it has one): the job's first start,
+        in order. A restart does not wait here: `poll` probes its readiness, so a vLLM server starting for
+        half a minute does not hold the caller's watch over the rest of the job."""
         m = self.managed[name]
+        self._launch(m)
+        if m.spec.ready_url:
+            self._wait_ready(m, ready_timeout)
+            self._became_ready(m)
+
+    def _launch(self, m: Managed) -> None:
         m.spec.log.parent.mkdir(parents=True, exist_ok=True)
         with m.spec.log.open("a") as out:
             m.proc = subprocess.Popen(
@@ -62,11 +72,12 @@ class Supervisor:
             os.sched_setaffinity(m.proc.pid, m.spec.cpus)
         m.restart_at, m.finished, m.live_failures = None, False, 0
         m.next_probe = time.monotonic() + LIVENESS_PERIOD_S
-        self._event(name, "started", pid=m.proc.pid)
-        if m.spec.ready_url:
-            self._wait_ready(m, ready_timeout)
-            m.failures = 0
-            self._event(name, "ready")
+        self._event(m.spec.name, "started", pid=m.proc.pid)
+
+    def _became_ready(self, m: Managed) -> None:
+        m.failures, m.ready_by = 0, None
+        m.next_probe = time.monotonic() + LIVENESS_PERIOD_S
+        self._event(m.spec.name, "ready")
 
     def poll(self) -> list[tuple[str, int]]:
         """Restart what crashed (after its back-off); returns (name, exit code) of processes that exited
@@ -79,6 +90,7 @@ class Supervisor:
                 m.proc, m.last_group = None, m.proc.pid  # its own session: the group id is its pid
                 exited.append((name, code))
                 self._event(name, "exited", code=code)
+                starting, m.ready_by = m.ready_by is not None, None
                 if m.preempted_at is not None:
                     # replaced at once (capacity elsewhere), counted apart, as the operator does for pods
                     # with a DisruptionTarget condition
@@ -86,25 +98,37 @@ class Supervisor:
                     self.preemptions[m.spec.tier] += 1
                     self.log(f"{name} preempted; starting its replacement")
                     continue
-                if m.spec.tier == "learner" and code == 0:
+                if m.spec.tier == "learner" and code == 0 and not starting:
                     m.finished = True
                     continue
-                self._schedule_restart(m, f"exited with {code}")
+                self._schedule_restart(m, f"exited with {code}" + (" while starting" if starting else ""))
             elif m.proc is not None and m.preempted_at is not None and now - m.preempted_at >= PREEMPTION_GRACE_S:
                 self.signal(name, signal.SIGKILL)  # the notice ran out, as a reclaimed node's does
+            elif m.proc is not None and m.ready_by is not None:
+                self._probe_ready(m, now)
             elif m.proc is not None and m.spec.live_url and now >= m.next_probe:
                 self._probe(m, now)
             elif m.proc is None and m.restart_at is not None and now >= m.restart_at:
-                try:
-                    self._clear_group(m)
-                    self.start(name)
-                except (RuntimeError, TimeoutError) as err:  # it did not come up: the same as a crash
-                    self.signal(name, signal.SIGKILL)
-                    m.proc = None
-                    self._schedule_restart(m, f"failed to start ({str(err).splitlines()[0]})")
-                    continue
-                self._event(name, "restarted")
+                self._clear_group(m)
+                self._launch(m)
+                if m.spec.ready_url:
+                    m.ready_by = now + READY_TIMEOUT_S  # probed from the next poll on
+                else:
+                    self._event(name, "restarted")
         return exited
+
+    def _probe_ready(self, m: Managed, now: float) -> None:
+        """One readiness probe of a restarting process: ready, still starting, or out of time (killed, and
+        restarted after its back-off, as a crash would be)."""
+        if _answers(m.spec.ready_url, timeout=0.5):
+            self._became_ready(m)
+            self._event(m.spec.name, "restarted")
+        elif now >= m.ready_by:
+            self.signal(m.spec.name, signal.SIGKILL)
+            code = m.proc.wait()
+            m.proc, m.last_group, m.ready_by = None, m.proc.pid, None
+            self._event(m.spec.name, "exited", code=code)
+            self._schedule_restart(m, f"failed to start (not ready after {READY_TIMEOUT_S:.0f} s)")
 
     def _clear_group(self, m: Managed, timeout: float = 15.0) -> None:
         """What is left of the last run's process group (a server's workers dying slowly, under load, after
@@ -124,10 +148,7 @@ class Supervisor:
     def _probe(self, m: Managed, now: float) -> None:
         """Liveness, like a kubelet's: a process that keeps failing its probe is killed (then restarted)."""
         m.next_probe = now + LIVENESS_PERIOD_S
-        try:
-            alive = httpx.get(m.spec.live_url, timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            alive = False
+        alive = _answers(m.spec.live_url, timeout=2.0)
         m.live_failures = 0 if alive else m.live_failures + 1
         if m.live_failures >= LIVENESS_FAILURES:
             self.log(f"{m.spec.name} failed {m.live_failures} liveness probes ({m.spec.live_url}); killing it")
@@ -150,6 +171,10 @@ class Supervisor:
     def running(self, name: str) -> bool:
         m = self.managed[name]
         return m.proc is not None and m.proc.poll() is None
+
+    def ready(self, name: str) -> bool:
+        """Running and, if it was restarted, past its readiness probe: what a pod's Ready condition says."""
+        return self.running(name) and self.managed[name].ready_by is None
 
     def signal(self, name: str, sig: int = signal.SIGTERM) -> None:
         m = self.managed[name]
@@ -201,13 +226,17 @@ class Supervisor:
             if m.proc.poll() is not None:
                 tail = m.spec.log.read_text()[-3000:] if m.spec.log.exists() else ""
                 raise RuntimeError(f"{m.spec.name} exited with {m.proc.returncode} while starting:\n{tail}")
-            try:
-                if httpx.get(m.spec.ready_url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if _answers(m.spec.ready_url, timeout=2.0):
+                return
             time.sleep(0.2)
         raise TimeoutError(f"{m.spec.name} not ready after {timeout:.0f} s; see {m.spec.log}")
 
     def _event(self, name: str, what: str, **details) -> None:
         self.events.append({"time": time.time(), "process": name, "event": what, **details})
+
+
+def _answers(url: str, timeout: float) -> bool:
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
