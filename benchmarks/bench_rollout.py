@@ -118,13 +118,12 @@ class Request:
 async def throughput(policy: Path, task) -> tuple[dict[str, object], dict[str, list[Request]]]:
     from transformers import AutoTokenizer
 
-    from kuberl.api.spec import EngineSpec
     from kuberl.modeling.chat import ChatFormat
     from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
     from kuberl_rollout.agent import Agent, EpisodeLimits
-    from kuberl_rollout.engine import EngineConfig, RolloutEngine
+    from kuberl_rollout.engine import RolloutEngine
 
-    engine = RolloutEngine(EngineConfig(str(policy), EngineSpec(max_num_seqs=256), max_model_len=4096))
+    engine = RolloutEngine(_engine_config(policy))
     await engine.start()
     agent = Agent(
         engine,
@@ -260,25 +259,21 @@ def loopback_http_copy_s(blob: bytes, repeats: int = 3) -> float:
         server.server_close()
 
 
+def _engine_config(policy: Path):
+    """The engine both sides of the capacity comparison run: 256 sequences, as vLLM's default on a GPU."""
+    from kuberl.api.spec import EngineSpec
+    from kuberl_rollout.engine import EngineConfig
+
+    return EngineConfig(str(policy), EngineSpec(max_num_seqs=256), max_model_len=4096)
+
+
 def _offline_llm(policy: Path):
-    """vLLM's offline engine, configured as RolloutEngine configures the rollout server's on this machine."""
+    """vLLM's offline engine, built from the engine arguments the rollout server's engine uses."""
     from vllm import LLM
 
-    from kuberl.api.spec import EngineSpec
+    from kuberl_rollout.engine import engine_arguments
 
-    spec = EngineSpec(max_num_seqs=256)
-    return LLM(
-        model=str(policy),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=4096,
-        seed=0,
-        logprobs_mode="processed_logprobs",
-        max_num_seqs=spec.max_num_seqs,
-        enable_prefix_caching=spec.enable_prefix_caching,
-        enable_chunked_prefill=False,  # as RolloutEngine on CPU: seeded requests need whole prefills
-        max_num_batched_tokens=8192,
-    )
+    return LLM(**engine_arguments(_engine_config(policy)))
 
 
 def replay_tokens_per_s(llm, requests: list[Request], seeded: bool = True) -> float:
@@ -311,8 +306,7 @@ async def engine_vs_offline(
 ) -> dict[str, object]:
     from vllm import SamplingParams
 
-    from kuberl.api.spec import EngineSpec
-    from kuberl_rollout.engine import EngineConfig, RolloutEngine
+    from kuberl_rollout.engine import RolloutEngine
 
     rng = random.Random(0)
     batch = [[rng.randrange(10, 1000) for _ in range(32)] for _ in range(prompts)]
@@ -338,7 +332,7 @@ async def engine_vs_offline(
     llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     offline = prompts * new_tokens / (time.monotonic() - started)
     del llm
-    engine = RolloutEngine(EngineConfig(str(policy), EngineSpec(max_num_seqs=256), max_model_len=4096))
+    engine = RolloutEngine(_engine_config(policy))
     await engine.start()
 
     async def ours():

@@ -44,6 +44,30 @@ class EngineConfig:
     seed: int = 0
 
 
+def engine_arguments(config: EngineConfig) -> dict:
+    """vLLM's engine arguments for `config` on this machine: what the rollout server runs, and what a benchmark
+    measuring vLLM's own capacity (`vllm.LLM(**engine_arguments(config))`) must run to compare like with like."""
+    spec = config.spec
+    chunking = {}
+    if not _has_cuda():
+        # vLLM 0.32 on CPU cannot roll back a seeded request's generator after a partial prefill
+        # ("CPU Generator does not use offset"): prefill whole prompts in one step instead
+        chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(config.max_model_len, 8192)}
+    return {
+        "model": config.model_path,
+        "dtype": config.dtype,
+        "seed": config.seed,
+        "max_model_len": config.max_model_len,
+        "max_num_seqs": spec.max_num_seqs,
+        "enable_prefix_caching": spec.enable_prefix_caching,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "enforce_eager": True,
+        "logprobs_mode": "processed_logprobs",
+        **chunking,
+    }
+
+
 class RolloutEngine:
     """An AsyncLLM plus the policy version it serves."""
 
@@ -63,30 +87,12 @@ class RolloutEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        spec = self.config.spec
-        chunking = {}
-        if not _has_cuda() and spec.tensor_parallel_size == 1:
+        if not _has_cuda() and self.config.spec.tensor_parallel_size == 1:
             # vLLM on CPU otherwise runs its one worker in a third process (API server, engine core, worker),
             # each importing vLLM: in the engine core instead, a replacement server is ready in 17 s, not 24
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if not _has_cuda():
-            # vLLM 0.32 on CPU cannot roll back a seeded request's generator after a partial prefill
-            # ("CPU Generator does not use offset"): prefill whole prompts in one step instead
-            chunking = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(self.config.max_model_len, 8192)}
         args = AsyncEngineArgs(
-            model=self.config.model_path,
-            dtype=self.config.dtype,
-            seed=self.config.seed,
-            max_model_len=self.config.max_model_len,
-            max_num_seqs=spec.max_num_seqs,
-            enable_prefix_caching=spec.enable_prefix_caching,
-            tensor_parallel_size=spec.tensor_parallel_size,
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            enforce_eager=True,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
-            disable_log_stats=True,
-            **chunking,
+            **engine_arguments(self.config), worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True
         )
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_recorder(self)])
         await self._llm.update_weight_version(str(self.version))
