@@ -9,12 +9,10 @@ from kuberl.api.spec import EngineSpec
 from kuberl_rollout.engine import EngineConfig, engine_arguments
 
 
-def test_the_arguments_are_vllms_and_carry_the_jobs_engine_options():
+def test_the_arguments_are_vllms_and_carry_the_jobs_engine_options(tmp_path):
     from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
-    config = EngineConfig(
-        "/models/policy", EngineSpec(max_num_seqs=48, enable_prefix_caching=False), max_model_len=9000
-    )
+    config = EngineConfig(str(tmp_path), EngineSpec(max_num_seqs=48, enable_prefix_caching=False), max_model_len=9000)
     arguments = engine_arguments(config)
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     assert set(arguments) <= fields, set(arguments) - fields
