@@ -118,17 +118,14 @@ class Supervisor:
         return exited
 
     def _probe_ready(self, m: Managed, now: float) -> None:
-        """One readiness probe of a restarting process: ready, still starting, or out of time (killed, and
-        restarted after its back-off, as a crash would be)."""
+        """One readiness probe of a restarting process: ready, still starting, or out of time: killed, and the
+        next poll sees it exit while starting and counts it as a crash, as after a failed liveness probe."""
         if _answers(m.spec.ready_url, timeout=0.5):
             self._became_ready(m)
             self._event(m.spec.name, "restarted")
         elif now >= m.ready_by:
+            self.log(f"{m.spec.name} not ready after {READY_TIMEOUT_S:.0f} s ({m.spec.ready_url}); killing it")
             self.signal(m.spec.name, signal.SIGKILL)
-            code = m.proc.wait()
-            m.proc, m.last_group, m.ready_by = None, m.proc.pid, None
-            self._event(m.spec.name, "exited", code=code)
-            self._schedule_restart(m, f"failed to start (not ready after {READY_TIMEOUT_S:.0f} s)")
 
     def _clear_group(self, m: Managed, timeout: float = 15.0) -> None:
         """What is left of the last run's process group (a server's workers dying slowly, under load, after
