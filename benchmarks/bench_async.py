@@ -1,5 +1,6 @@
-"""Sync, async and async with partial rollouts on the same workload, all three in one run, with the rollout
-tier and the learner on cores of their own (as in a cluster, where they never share a device).
+"""Sync, async, async with a bounded update drain and async with partial rollouts on the same workload, all
+four in one run, with the rollout tier and the learner on cores of their own (as in a cluster, where they
+never share a device).
 
 Workload: the demo's job (examples/swe-toy.yaml: its model, warm-up and recipe), whose test runs (the
 `run_tests` tool and the submission's scoring) take a log-normal time with a median of 2.5 s and a p99 of
@@ -36,7 +37,16 @@ SLOW_IMPORT = (
     "import math as _m, random as _r, time as _t; "
     f"_t.sleep(min({CAP_S}, {MEDIAN_S} * _m.exp(_r.gauss(0.0, {SIGMA:.4f}))))  # the test run's time\n"
 )
-MODES = {"sync": ("sync", False), "async": ("async", False), "async_partial": ("async", True)}
+# Without partial rollouts, async's weight update waits for the episodes in flight (one version per
+# trajectory): `async_drain` bounds that wait at twice the median test run, then plays the episodes still
+# running again on the new weights (rollout.updateDrainTimeout).
+DRAIN_TIMEOUT = "5s"
+MODES = {  # name: (training.mode, rollout.partialRollouts, rollout.updateDrainTimeout)
+    "sync": ("sync", False, None),
+    "async": ("async", False, None),
+    "async_drain": ("async", False, DRAIN_TIMEOUT),
+    "async_partial": ("async", True, None),
+}
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "swe-toy.yaml"
 WARM_MODEL = REPO / "runs" / "models" / "swe-toy-warm"  # the demo's warmed-up model, kept for later runs
@@ -65,7 +75,7 @@ def demo_manifest() -> dict:
     return yaml.safe_load(DEMO.read_text())
 
 
-def manifest(name: str, model: Path, tasks: Path, mode: str, partial: bool) -> dict:
+def manifest(name: str, model: Path, tasks: Path, mode: str, partial: bool, drain_timeout: str | None) -> dict:
     doc = demo_manifest()
     spec = doc["spec"]
     doc["metadata"] = {"name": name}
@@ -85,6 +95,8 @@ def manifest(name: str, model: Path, tasks: Path, mode: str, partial: bool) -> d
     spec["environment"]["turnTimeout"] = f"{int(CAP_S) + 30}s"
     spec["environment"]["trajectoryTimeout"] = "15m"
     spec["rollout"] = {**spec.get("rollout", {}), "concurrentSessions": 48, "partialRollouts": partial}
+    if drain_timeout is not None:
+        spec["rollout"]["updateDrainTimeout"] = drain_timeout
     spec["rollout"].setdefault("engine", {})["maxNumSeqs"] = 48
     spec["checkpoint"] = {"intervalSteps": 10_000}
     spec["limits"] = {"maxWallClock": f"{RL_SECONDS + 120}s", "noProgressTimeout": "10m"}
@@ -155,6 +167,7 @@ def run() -> dict[str, object]:
     )
     out: dict[str, object] = {
         "rl_seconds_per_mode": RL_SECONDS,
+        "update_drain_timeout": DRAIN_TIMEOUT,
         "run_tests_latency": {"distribution": "log-normal", "median_s": MEDIAN_S, "p99_s": P99_S, "cap_s": CAP_S},
         "pinning": {tier: sorted(c) for tier, c in (pinning or {}).items()} or "none: one core",
     }
@@ -163,8 +176,8 @@ def run() -> dict[str, object]:
         model = warmed_up_model()
         job = RLJob.from_manifest(demo_manifest())
         tasks = slow_tasks(work / "tasks.jsonl", environment_tasks(job.spec.environment, "train"))
-        for name, (mode, partial) in MODES.items():
-            doc = manifest(f"bench-{name.replace('_', '-')}", model, tasks, mode, partial)
+        for name, (mode, partial, drain_timeout) in MODES.items():
+            doc = manifest(f"bench-{name.replace('_', '-')}", model, tasks, mode, partial, drain_timeout)
             path = work / f"{name}.yaml"
             path.write_text(yaml.safe_dump(doc))
             run_job(RLJob.from_manifest(doc), path, work / name, str(model), out=ProgressPrinter(), pinning=pinning)
@@ -174,6 +187,7 @@ def run() -> dict[str, object]:
             print(f"[bench]   {name}: { {k: v for k, v in out[name].items() if k != 'curve'} }", flush=True)
         sync = out["sync"]["steps_per_hour"]
         out["async_over_sync_steps_per_hour"] = round(out["async"]["steps_per_hour"] / sync, 2)
+        out["async_drain_over_sync_steps_per_hour"] = round(out["async_drain"]["steps_per_hour"] / sync, 2)
         out["async_partial_over_sync_steps_per_hour"] = round(out["async_partial"]["steps_per_hour"] / sync, 2)
     return out
 

@@ -92,6 +92,18 @@ GOALS: tuple[Goal, ...] = (
         "higher",
     ),
     Goal(
+        "async, update drain bounded (rollout.updateDrainTimeout) ÷ sync training steps per hour",
+        lambda r: dig(r, "async.async_drain_over_sync_steps_per_hour"),
+        2.5,
+        "higher",
+    ),
+    Goal(
+        "async, bounded drain ÷ sync mean reward per step",
+        quotient("async.async_drain.reward_per_step", "async.sync.reward_per_step"),
+        1.0,
+        "higher",
+    ),
+    Goal(
         "async with partial rollouts ÷ sync training steps per hour",
         lambda r: dig(r, "async.async_partial_over_sync_steps_per_hour"),
         2.5,

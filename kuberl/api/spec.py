@@ -473,6 +473,12 @@ class RolloutSpec(ApiModel):
     """Agent episodes one rollout server runs at once."""
     partial_rollouts: bool = False
     """Let in-flight trajectories continue on new weights (each token keeps its policy version); async only."""
+    update_drain_timeout: Duration | None = None
+    """Without partial rollouts: how long a weight update waits for the episodes in flight to end on the old
+    weights. Those still running then are stopped and played again from their first turn on the new weights, so
+    no trajectory mixes versions and one long tool call (a minute-long test run) no longer holds every update.
+    Their work so far is lost, and an episode is the likelier to be restarted the longer it runs. Unset: every
+    update waits for all of them."""
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     """Sampling temperature of the agent (0 is greedy); log-probs are of this tempered distribution."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -481,6 +487,19 @@ class RolloutSpec(ApiModel):
     """Tokens one generated turn may have."""
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     """How new weights reach the servers."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="updateDrainTimeout",
+            cel="!self.partialRollouts || !has(self.updateDrainTimeout)",
+            message="updateDrainTimeout is for updates that wait for the episodes in flight: not with partialRollouts",
+            holds=lambda r: not r.partial_rollouts or r.update_drain_timeout is None,
+            explain=lambda r: (
+                f"updateDrainTimeout ({r.update_drain_timeout}) bounds the wait for episodes in flight; with "
+                "partialRollouts nothing waits: drop one of them"
+            ),
+        ),
+    )
 
 
 class EgressPolicy(StrEnum):

@@ -64,3 +64,8 @@ class RolloutMetrics:
             registry=r,
         )
         self.weight_sync_bytes = Counter("kuberl_rollout_weight_sync_bytes_total", "Weight bytes received.", registry=r)
+        self.episodes_restarted = Counter(
+            "kuberl_rollout_episodes_restarted_total",
+            "Episodes stopped by a weight update's drain timeout and played again on the new weights.",
+            registry=r,
+        )

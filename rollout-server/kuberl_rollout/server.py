@@ -155,7 +155,17 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         partial = spec.rollout.partial_rollouts
         mode = "keep" if partial else "wait"
         assembler = BucketAssembler(expected_tensors(model_path))
-        return RolloutState(service, metrics, spec.model.uri, mode, assembler, max_len, partial_rollouts=partial)
+        drain = spec.rollout.update_drain_timeout
+        return RolloutState(
+            service,
+            metrics,
+            spec.model.uri,
+            mode,
+            assembler,
+            max_len,
+            partial_rollouts=partial,
+            drain_timeout_s=None if drain is None else parse_duration(drain),
+        )
 
     return create_app(build_state, shutdown=engine.shutdown)
 

@@ -102,6 +102,7 @@ class RolloutService:
         self._arrived = asyncio.Event()
         self._open_episodes = 0
         self._running = 0
+        self._plays: set[asyncio.Task[Trajectory]] = set()  # the runner's play of each running episode
         self._may_start = asyncio.Event()
         self._may_start.set()
         self._idle = asyncio.Condition()
@@ -153,17 +154,26 @@ class RolloutService:
             episode.cancel()
         return group.describe()
 
-    async def switch_policy(self, apply: Callable[[], Awaitable[None]], partial_rollouts: bool) -> None:
-        """Run `apply` (a weight swap). Without partial rollouts, episodes in flight finish on the old
-        weights first and new ones wait, so no trajectory mixes policy versions; with them, the swap is
-        immediate and every token keeps the version that sampled it."""
+    async def switch_policy(
+        self, apply: Callable[[], Awaitable[None]], partial_rollouts: bool, drain_timeout_s: float | None = None
+    ) -> None:
+        """Run `apply` (a weight swap). With partial rollouts the swap is immediate and every token keeps the
+        version that sampled it. Without them, new episodes wait and those in flight finish on the old weights
+        first, so no trajectory mixes policy versions; after `drain_timeout_s` (None: no limit) those still
+        running are stopped and played again from their first turn once the new weights are in."""
         if partial_rollouts:
             await apply()
             return
         self._may_start.clear()
         try:
             async with self._idle:
-                await self._idle.wait_for(lambda: self._running == 0)
+                try:
+                    async with asyncio.timeout(drain_timeout_s):
+                        await self._idle.wait_for(lambda: self._running == 0)
+                except TimeoutError:
+                    for play in self._plays:
+                        play.cancel()
+                    await self._idle.wait_for(lambda: self._running == 0)
             await apply()
         finally:
             self._may_start.set()
@@ -193,19 +203,15 @@ class RolloutService:
         started = False
         try:
             async with self._slots:
-                await self._may_start.wait()
-                started = True
-                self._running += 1
-                self.metrics.queued.dec()
-                self.metrics.active_sessions.inc()
-                try:
-                    env = self.open_environment()
-                    trajectory = await self.runner.run(env, group.task, group.group_id, seed)
-                finally:
-                    self.metrics.active_sessions.dec()
-                    self._running -= 1
-                    async with self._idle:
-                        self._idle.notify_all()
+                while True:
+                    await self._may_start.wait()
+                    if not started:
+                        started = True
+                        self.metrics.queued.dec()
+                    trajectory = await self._play(group, seed)
+                    if trajectory is not None:
+                        break
+                    self.metrics.episodes_restarted.inc()
             self._deliver(group, trajectory)
         except asyncio.CancelledError:
             if not started:
@@ -215,6 +221,26 @@ class RolloutService:
             self._open_episodes -= 1
             group.ended += 1
             self._forget_if_done(group)
+
+    async def _play(self, group: Group, seed: int | None) -> Trajectory | None:
+        """One play of an episode; None when a weight update stopped it (switch_policy's drain timeout)."""
+        self._running += 1
+        self.metrics.active_sessions.inc()
+        play = None
+        try:
+            play = asyncio.create_task(self.runner.run(self.open_environment(), group.task, group.group_id, seed))
+            self._plays.add(play)
+            return await play
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # the episode itself was cancelled (its group was)
+                raise
+            return None  # only the play was: its environment is closed, the episode starts again
+        finally:
+            self._plays.discard(play)
+            self.metrics.active_sessions.dec()
+            self._running -= 1
+            async with self._idle:
+                self._idle.notify_all()
 
     def _deliver(self, group: Group, trajectory: Trajectory) -> None:
         group.finished += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -25,6 +26,15 @@ class RolloutState:
     context_tokens: int
     """The engine's context length (rollout.engine.maxModelLen): what a chat call without max_tokens may fill."""
     partial_rollouts: bool = False
+    drain_timeout_s: float | None = None
+    """rollout.updateDrainTimeout: how long an update waits for the episodes in flight (None: no limit)."""
+
+    async def serve_weights(self, files: list[Path], version: int) -> None:
+        """Swap the engine to `files` as policy `version`, episodes in flight treated as the job says."""
+        engine = self.service.agent.engine
+        await self.service.switch_policy(
+            lambda: engine.update_weights(files, version, self.update_mode), self.partial_rollouts, self.drain_timeout_s
+        )
 
 
 def loaded(request: Request) -> RolloutState:

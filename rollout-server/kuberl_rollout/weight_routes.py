@@ -38,7 +38,7 @@ async def upload_bucket(
     files = s.assembler.take()
     started = time.monotonic()
     try:
-        await s.service.switch_policy(lambda: engine.update_weights(files, version, s.update_mode), s.partial_rollouts)
+        await s.serve_weights(files, version)
     finally:
         s.assembler.discard()
     s.metrics.weight_sync_seconds.observe(time.monotonic() - started)
@@ -67,9 +67,7 @@ async def load_weights(body: LoadWeights, s: State) -> WeightsLoaded:
     try:
         files = s.assembler.check_folder(folder)
         started = time.monotonic()
-        await s.service.switch_policy(
-            lambda: engine.update_weights(files, body.version, s.update_mode), s.partial_rollouts
-        )
+        await s.serve_weights(files, body.version)
     finally:
         if body.uri.startswith("s3://"):  # a downloaded version is not needed once served
             shutil.rmtree(folder, ignore_errors=True)

@@ -109,6 +109,13 @@ BROKEN = [
         True,
     ),
     (
+        "drain-timeout-not-with-partial-rollouts",
+        with_spec(training={"mode": "async"}, rollout={"partialRollouts": True, "updateDrainTimeout": "5s"}),
+        "spec.rollout.updateDrainTimeout",
+        "with partialRollouts nothing waits",
+        True,
+    ),
+    (
         "breaker-above-target",
         with_spec(limits={"maxSteps": 10}, training={"totalSteps": 100}),
         "spec.limits.maxSteps",
