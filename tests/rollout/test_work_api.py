@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import time
 import weakref
 from pathlib import Path
 
@@ -148,13 +149,22 @@ async def test_a_cancelled_group_is_forgotten_when_its_episodes_end():
 
 # ----------------------------------------------------------------------------------- over HTTP, typed
 @pytest.fixture
-def rollout():
-    """(the learner's client, the HTTP client under it, the service, the JSON bodies sent and answered)."""
+def rollout(request):
+    """(the learner's client, the HTTP client under it, the service, the JSON bodies sent and answered); an
+    indirect parameter is the server's rollout.updateDrainTimeout in seconds."""
     made: dict[str, RolloutService] = {}
 
     async def build_state() -> RolloutState:
         made["service"] = service()
-        return RolloutState(made["service"], made["service"].metrics, "tiny", "wait", BucketAssembler(WEIGHTS), 4096)
+        return RolloutState(
+            made["service"],
+            made["service"].metrics,
+            "tiny",
+            "wait",
+            BucketAssembler(WEIGHTS),
+            4096,
+            drain_timeout_s=getattr(request, "param", None),
+        )
 
     wire: list[tuple[str, str, dict | None, dict]] = []
 
@@ -209,6 +219,19 @@ def test_the_learners_client_drives_the_app_with_the_same_models(rollout):
     assert list(sent["GET", "/v1/trajectories"][1]) == ["bootId", "trajectories"]
     assert list(sent["GET", "/v1/policy"][1]) == ["version", "bootId"]
     assert sent["PUT", "/v1/weights/1/buckets/0"][1] == {"version": 1, "received": 1, "of": 1, "applied": True}
+
+
+@pytest.mark.parametrize("rollout", [0.2], indirect=True)
+def test_a_weight_update_over_http_waits_no_longer_than_the_drain_timeout(rollout):
+    client, http, service, _ = rollout
+    group = client.submit(SLOW.task_id, 1, seed=3)  # its episode runs until released
+    started = time.monotonic()
+    assert client.publish(1, [save({"w": torch.ones(WEIGHTS["w"])})]) == [0]
+    assert time.monotonic() - started < 5 and service.agent.engine.version == 1
+    assert service.metrics.episodes_restarted._value.get() == 1  # stopped, and playing again on version 1
+    http.portal.call(service.agent.release.set)  # in the app's event loop
+    [again] = collect(client, 1)
+    assert again.group_id == group.group_id and again.policy_versions == [-1, 1]
 
 
 def test_stored_weights_are_written_once_and_each_server_loads_them_from_storage(rollout, tmp_path):
