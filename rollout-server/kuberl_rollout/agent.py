@@ -4,7 +4,6 @@ as tokens, until submit or a limit; then score. Token ids are kept end to end.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -19,6 +18,7 @@ from kuberl.api.trajectory import NOT_GENERATED, FinishReason, Trajectory, Turn
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import ParseError, parse_tool_call
 from kuberl_rollout.engine import RolloutEngine
+from kuberl_rollout.environment_close import close_environment
 from kuberl_rollout.sandbox_client import SandboxError
 
 log = logging.getLogger(__name__)
@@ -135,9 +135,7 @@ class Agent:
             log.warning("episode of task %s in group %s: %s", task.task_id, group_id, episode.error)
         finally:
             session_id = env.session_id
-            with contextlib.suppress(EnvironmentFailure, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
-                async with asyncio.timeout(10):
-                    await env.close()
+            await close_environment(env)
         record = episode.record
         if record is None:  # the sandbox failed before the first prompt existed
             record = TokenRecord(self.chat.prompt_ids(self._messages(task.prompt)))

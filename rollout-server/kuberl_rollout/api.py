@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from kuberl.api.rollout_http import Problem
 from kuberl_rollout import health_routes, openai_routes, session_routes, weight_routes, work_routes
+from kuberl_rollout.environment_close import closes_in_background
 from kuberl_rollout.service import WorkError
 from kuberl_rollout.state import RolloutState
 from kuberl_rollout.weights import WeightError
@@ -25,6 +26,7 @@ def create_app(build_state, shutdown=None) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.rollout = await build_state()
         yield
+        await closes_in_background()  # sandbox sessions of cancelled episodes, each bounded by its close timeout
         if shutdown is not None:
             shutdown()
 

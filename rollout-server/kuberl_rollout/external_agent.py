@@ -8,7 +8,6 @@ trajectory with finish reason `error` and the reason, which the learner leaves o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from kuberl.api.environment import EnvironmentFailure, ScoredEnvironment, StepRe
 from kuberl.api.trajectory import FinishReason, Trajectory
 from kuberl.modeling.chat import ChatFormat
 from kuberl_rollout.agent import EpisodeLimits
+from kuberl_rollout.environment_close import close_environment
 from kuberl_rollout.sessions import RecordedSession, SessionStore
 
 
@@ -128,9 +128,7 @@ class ExternalAgent:
             if not session.closed:
                 self.sessions.close(session)
             sandbox_session = env.session_id
-            with contextlib.suppress(EnvironmentFailure, httpx.HTTPError, TimeoutError):  # the sandbox reaps idle ones
-                async with asyncio.timeout(10):
-                    await env.close()
+            await close_environment(env)
         if finish == FinishReason.ERROR:
             reward = 0.0
         else:
