@@ -1,9 +1,9 @@
-"""A cancelled episode stops where it is, and does not wait for its sandbox session to close. The learner cancels stale groups and the server cancels each of
-their episodes: one that went on would hold a sandbox session and the engine for nothing. Python 3.11's
-`asyncio.wait_for` returned the result of a step that finished as the cancellation arrived, and the episode
-took its next turn. A weight update's drain timeout cancels the episodes still running and waits for them
-to stop: when each also waited for its sandbox to reap a killed test run (up to 10 s), that was the update's
-median wait."""
+"""A cancelled episode stops where it is, and does not wait for its sandbox session to close. The learner
+cancels stale groups and the server cancels each of their episodes: one that went on would hold a sandbox
+session and the engine for nothing. Python 3.11's `asyncio.wait_for` returned the result of a step that
+finished as the cancellation arrived, and the episode took its next turn. A weight update's drain timeout
+cancels the episodes still running and waits for them to stop: when each also waited for its sandbox to reap
+a killed test run (up to 10 s), that was the update's median wait."""
 
 from __future__ import annotations
 
