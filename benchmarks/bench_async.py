@@ -119,9 +119,24 @@ def summary(run_dir: Path, common_steps: int | None = None) -> dict[str, object]
         "learner_idle_fraction": round(1 - sum(x["train_s"] for x in done) / rl_seconds, 3),
         "median_wait_s": round(statistics.median(x["wait_s"] for x in done), 2),
         "median_weight_sync_s": round(statistics.median(x["weight_sync_s"] for x in done), 2),
+        **restarts(run_dir),
         # [seconds of RL, step, batch reward] per step: the report's async-against-sync plot
         "curve": [[round(x["time"] - start, 1), x["step"], x["reward_mean"]] for x in lines],
     }
+
+
+def restarts(run_dir: Path) -> dict[str, int]:
+    """How many weight updates ran out of `updateDrainTimeout` over the whole run, and how many episodes they
+    stopped (their work lost), from the rollout servers' logs."""
+    from kuberl_rollout.service import RESTART_LOG
+
+    counts = [
+        int(line.split(RESTART_LOG, 1)[1].split()[0])
+        for log in sorted((run_dir / "logs").glob("rollout-*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if RESTART_LOG in line
+    ]
+    return {"drains_run_out": len(counts), "episodes_restarted": sum(counts)}
 
 
 def warmed_up_model() -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,12 @@ from kuberl.rewards import task_problem
 from kuberl_rollout.agent import Agent
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+RESTART_LOG = "weight update: episodes still running after the drain:"
+"""How the log line of each drain that ran out begins (followed by the count): read by bench_async, whose
+rollout servers' counters end with their processes."""
 
 
 class EpisodeRunner(Protocol):
@@ -171,6 +178,12 @@ class RolloutService:
                     async with asyncio.timeout(drain_timeout_s):
                         await self._idle.wait_for(lambda: self._running == 0)
                 except TimeoutError:
+                    log.warning(
+                        "%s %d (updateDrainTimeout %.1f s): stopped, to be played again on the new weights",
+                        RESTART_LOG,
+                        len(self._plays),
+                        drain_timeout_s,
+                    )
                     for play in self._plays:
                         play.cancel()
                     await self._idle.wait_for(lambda: self._running == 0)

@@ -13,7 +13,7 @@ from kuberl.api.trajectory import Trajectory
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl_rollout.metrics import RolloutMetrics
-from kuberl_rollout.service import RolloutService
+from kuberl_rollout.service import RESTART_LOG, RolloutService
 
 QUICK, SLOW = generate(2, seed=5)
 
@@ -108,7 +108,7 @@ async def test_without_a_drain_timeout_an_update_waits_for_the_slowest_episode()
     assert one_version_each(trajectories) == {0} and restarted(rollout) == 0
 
 
-async def test_a_drain_timeout_restarts_the_episodes_still_running_on_the_new_weights():
+async def test_a_drain_timeout_restarts_the_episodes_still_running_on_the_new_weights(caplog):
     rollout = service(slow_plays=[60.0, 0.1])  # its first play would hold the update a minute
     slow = rollout.submit(SLOW.task_id, None, 1, seed=1)
     rollout.submit(QUICK.task_id, None, 2, seed=2)
@@ -126,6 +126,8 @@ async def test_a_drain_timeout_restarts_the_episodes_still_running_on_the_new_we
     slow_plays = [p for p in rollout.agent.plays if p["task"] == SLOW.task_id]
     assert [p["started_on"] for p in slow_plays] == [0, 1] and all(p["closed"] for p in slow_plays)
     assert restarted(rollout) == 1
+    [logged] = [r.getMessage() for r in caplog.records if RESTART_LOG in r.getMessage()]
+    assert logged.startswith(f"{RESTART_LOG} 1 ")  # what bench_async counts
     info = rollout.describe(slow.group_id)
     assert (info.finished, info.running, info.cancelled) == (1, 0, False)  # delivered once, nothing lost
     assert await rollout.take(8, wait_s=0) == [] and rollout._running == 0 and rollout._open_episodes == 0
