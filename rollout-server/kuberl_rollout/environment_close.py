@@ -31,9 +31,15 @@ async def close_environment(env: Environment) -> None:
 
 
 async def closes_in_background() -> None:
-    """Wait for the closes handed to the background (a server shutting down, a test)."""
-    if _closing:
-        await asyncio.wait(set(_closing))
+    """Wait for this event loop's closes handed to the background (a server shutting down, a test); each is
+    bounded by `CLOSE_TIMEOUT_S`. Another loop's (one that ended with a close still pending: a test's) never
+    finish and are dropped."""
+    loop = asyncio.get_running_loop()
+    for task in [t for t in _closing if t.get_loop() is not loop and t.get_loop().is_closed()]:
+        _closing.discard(task)
+    mine = {t for t in _closing if t.get_loop() is loop}
+    if mine:
+        await asyncio.wait(mine, timeout=CLOSE_TIMEOUT_S + 1)
 
 
 async def _close(env: Environment) -> None:

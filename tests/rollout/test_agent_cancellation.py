@@ -108,3 +108,23 @@ async def test_an_episode_that_ends_waits_for_its_session_to_close():
     )
     assert client.closed == ["s1"]  # closed before the episode's slot takes the next one
     assert trajectory.final_reward == 1.0
+
+
+def test_a_close_left_pending_by_an_ended_event_loop_does_not_hold_the_next_loops_shutdown():
+    async def cancel_and_leave(client: SlowClosingClient) -> None:
+        episode = asyncio.create_task(
+            _agent([ToolCall(name="run_tests")]).run(SandboxEnvironment(client, lambda ctx: 0.0), TASK, group_id="g")
+        )
+        await client.stepping.wait()
+        episode.cancel()
+        await asyncio.gather(episode, return_exceptions=True)
+
+    async def shut_down() -> float:
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(closes_in_background(), timeout=5)
+        return asyncio.get_running_loop().time() - started
+
+    ended = asyncio.new_event_loop()  # a loop closed with the close still pending (not asyncio.run's clean-up)
+    ended.run_until_complete(cancel_and_leave(SlowClosingClient(close_s=3600)))
+    ended.close()
+    assert asyncio.run(shut_down()) < 1.0
