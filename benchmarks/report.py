@@ -54,6 +54,13 @@ def quotient(numerator: str, denominator: str) -> Callable[[Results], float | No
     return value
 
 
+def drain_restarts_per_update(results: Results) -> float | None:
+    """bench_async's episodes restarted by drains that ran out, over the weight updates of its run (one per
+    step: its curve)."""
+    restarted, curve = dig(results, "async.async_drain.episodes_restarted"), _at(results, "async.async_drain.curve")
+    return None if restarted is None or not curve else restarted / len(curve)
+
+
 def worst_memory_estimate(results: Results) -> float | None:
     """The memory plan's largest relative error against the measured peak over all its cases."""
     cases = results.get("memory_plan", {}).get("cases") if isinstance(results.get("memory_plan"), dict) else None
@@ -102,6 +109,13 @@ GOALS: tuple[Goal, ...] = (
         quotient("async.async_drain.reward_per_step", "async.sync.reward_per_step"),
         1.0,
         "higher",
+    ),
+    Goal(
+        "async, bounded drain: episodes stopped and played again per weight update (work thrown away)",
+        drain_restarts_per_update,
+        None,
+        "lower",
+        "",
     ),
     Goal(
         "async with partial rollouts ÷ sync training steps per hour",
