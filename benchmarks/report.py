@@ -14,6 +14,8 @@ Render again from a results file (after copying a new baseline, say):
 from __future__ import annotations
 
 import json
+import random
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +63,38 @@ def drain_restarts_per_update(results: Results) -> float | None:
     return None if restarted is None or not curve else restarted / len(curve)
 
 
+REWARD_INTERVAL_RESAMPLES = 2000
+
+
+def reward_ratio_interval(mode: str) -> Callable[[Results], tuple[float, float] | None]:
+    """The 95 % interval of bench_async's `mode` ÷ sync mean reward per step, by a percentile bootstrap over
+    the steps all modes reached (each mode's steps resampled on their own). The batch reward of one step of
+    16 episodes moves by about ±0.2, so a ratio over 6-12 steps is only known to a few tenths: the interval
+    says whether a run could tell a mode's reward per step from sync's at all. Seeded: the same results give
+    the same interval."""
+
+    def interval(results: Results) -> tuple[float, float] | None:
+        runs = {m: _at(results, f"async.{m}") for m in (mode, "sync")}
+        if not all(isinstance(run, dict) and run.get("curve") for run in runs.values()):
+            return None
+        modes = [run for run in (_at(results, "async") or {}).values() if isinstance(run, dict) and "steps" in run]
+        common = min((int(run["steps"]) for run in modes), default=0)
+        top, bottom = ([point[2] for point in runs[m]["curve"][:common]] for m in (mode, "sync"))
+        if len(top) < 2 or len(bottom) < 2:
+            return None
+        draw = random.Random(0)
+        ratios = sorted(
+            statistics.fmean(draw.choices(top, k=len(top))) / denominator
+            for _ in range(REWARD_INTERVAL_RESAMPLES)
+            if (denominator := statistics.fmean(draw.choices(bottom, k=len(bottom))))
+        )
+        if not ratios:
+            return None
+        return ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]
+
+    return interval
+
+
 def worst_memory_estimate(results: Results) -> float | None:
     """The memory plan's largest relative error against the measured peak over all its cases."""
     cases = results.get("memory_plan", {}).get("cases") if isinstance(results.get("memory_plan"), dict) else None
@@ -82,6 +116,8 @@ class Goal:
     unreached: str | None = None
     """A dotted path whose value, when present and null, means the benchmark ran and the thing measured never
     happened in the run (full throughput never came back): reported as "not reached", not "not measured"."""
+    interval: Callable[[Results], tuple[float, float] | None] | None = None
+    """The measure's 95 % interval, shown beside it where the run's noise is as large as the goal's margin."""
 
     def passes(self, measured: float | None) -> bool | None:
         if measured is None or self.target is None:
@@ -109,6 +145,7 @@ GOALS: tuple[Goal, ...] = (
         quotient("async.async_drain.reward_per_step", "async.sync.reward_per_step"),
         1.0,
         "higher",
+        interval=reward_ratio_interval("async_drain"),
     ),
     Goal(
         "async, bounded drain: episodes stopped and played again per weight update (work thrown away)",
@@ -124,10 +161,18 @@ GOALS: tuple[Goal, ...] = (
         "higher",
     ),
     Goal(
+        "async with partial rollouts ÷ sync mean reward per step",
+        quotient("async.async_partial.reward_per_step", "async.sync.reward_per_step"),
+        1.0,
+        "higher",
+        interval=reward_ratio_interval("async_partial"),
+    ),
+    Goal(
         "async ÷ sync mean reward per step (the steps all modes reached)",
         quotient("async.async.reward_per_step", "async.sync.reward_per_step"),
         1.0,
         "higher",
+        interval=reward_ratio_interval("async"),
     ),
     Goal(
         "learner idle fraction, async (sync's is the baseline to beat)",
@@ -224,6 +269,8 @@ class Row:
     """measured ÷ baseline − 1; positive is better for higher-is-better measures."""
     unreached: bool = False
     """The benchmark ran and recorded that what it waits for never happened (see Goal.unreached)."""
+    interval: tuple[float, float] | None = None
+    """The measured value's 95 % interval (see Goal.interval)."""
 
 
 def _number(value: float | None, unit: str = "") -> str:
@@ -251,6 +298,7 @@ def rows(results: Results, baseline: Results | None = None) -> list[Row]:
                 baseline=before,
                 change=None if measured is None or not before else measured / before - 1,
                 unreached=measured is None and goal.unreached is not None and _at(results, goal.unreached) is None,
+                interval=goal.interval(results) if goal.interval is not None and measured is not None else None,
             )
         )
     return out
@@ -282,6 +330,8 @@ def render_markdown(report: dict[str, Any], table: list[Row], baseline: dict[str
     verdict = {True: "yes", False: "**no**", None: "—"}
     for row in table:
         shown = "not reached in the run" if row.unreached else _number(row.measured, row.unit)
+        if row.interval is not None:
+            shown += f" (95 % interval {_number(row.interval[0])}–{_number(row.interval[1], row.unit)})"
         lines.append(
             f"| {row.measure} | {row.goal} | {shown} | "
             f"{'—' if row.ratio is None else f'{row.ratio:.2f}'} | {verdict[row.passed]} | "

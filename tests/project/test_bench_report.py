@@ -81,6 +81,40 @@ def test_the_change_against_the_baseline_shows_a_regression():
     assert rows["async ÷ sync training steps per hour (same workload, same wall clock)"].change < 0
 
 
+def reward_run(sync: list[float], drain: list[float]) -> dict:
+    curve = lambda rewards: [[10.0 * i, i, r] for i, r in enumerate(rewards, 1)]  # noqa: E731
+    return {
+        "async": {
+            "sync": {"steps": len(sync), "reward_per_step": sum(sync) / len(sync), "curve": curve(sync)},
+            "async_drain": {
+                "steps": len(drain),
+                "reward_per_step": sum(drain[: len(sync)]) / len(sync),
+                "curve": curve(drain),
+            },
+        }
+    }
+
+
+def test_a_reward_ratio_carries_its_interval_over_the_steps_all_modes_reached():
+    measure = "async, bounded drain ÷ sync mean reward per step"
+    # six noisy steps each (batch rewards moving ±0.2, as bench_async's do): the interval spans the goal
+    few = by_measure(
+        bench_report.rows(reward_run([0.3, 0.6, 0.4, 0.5, 0.7, 0.75], [0.25, 0.5, 0.5, 0.45, 0.45, 0.5, 0.9]))
+    )
+    row = few[measure]
+    low, high = row.interval
+    assert low < row.measured < high and low < 1.0 < high and row.passed is False
+    six = by_measure(bench_report.rows(reward_run([0.3, 0.6, 0.4, 0.5, 0.7, 0.75], [0.25, 0.5, 0.5, 0.45, 0.45, 0.5])))
+    # the drain's 7th step is past sync's last: not compared
+    assert six[measure].interval == pytest.approx(row.interval)
+    # sixty steps of the same noise: a 20 % lower reward per step is told apart from equal
+    many = by_measure(bench_report.rows(reward_run([0.3, 0.7] * 30, [0.2, 0.6] * 30)))[measure]
+    assert many.measured == pytest.approx(0.8) and many.interval[1] < 1.0
+    assert "(95 % interval " in bench_report.render_markdown({}, [row], None, [])
+    # a run without curves (or without sync) has no interval, and the row still reads
+    assert by_measure(bench_report.rows({"async": {"sync": {"reward_per_step": 0.5}}}))[measure].interval is None
+
+
 def test_the_report_has_one_table_the_failures_and_the_plots(tmp_path):
     run = {
         "time": "2026-12-03T01:00:00+00:00",
