@@ -354,7 +354,6 @@ async def engine_vs_offline(
             rounds.append((offline, served))
     finally:
         engine.shutdown()
-        del llm
     return {
         "prompts": prompts,
         "new_tokens": new_tokens,

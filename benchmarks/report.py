@@ -77,7 +77,7 @@ def reward_ratio_interval(mode: str) -> Callable[[Results], tuple[float, float] 
         runs = {m: _at(results, f"async.{m}") for m in (mode, "sync")}
         if not all(isinstance(run, dict) and run.get("curve") for run in runs.values()):
             return None
-        modes = [run for run in (_at(results, "async") or {}).values() if isinstance(run, dict) and "steps" in run]
+        modes = [run for run in results["async"].values() if isinstance(run, dict) and "steps" in run]
         common = min((int(run["steps"]) for run in modes), default=0)
         top, bottom = ([point[2] for point in runs[m]["curve"][:common]] for m in (mode, "sync"))
         if len(top) < 2 or len(bottom) < 2:
