@@ -11,6 +11,7 @@ import click
 from kuberl import __version__
 from kuberl.api import env_vars
 from kuberl.crd import rljob_crd_yaml
+from kuberl.local.tasks_cli import tasks as tasks_group
 from kuberl.planning import fit_warnings
 from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
@@ -569,6 +570,8 @@ def learner(
         job_started_at=started,
     )
 
+
+main.add_command(tasks_group)
 
 if __name__ == "__main__":
     main()

@@ -121,16 +121,30 @@ def swe_toy_tests_reward(ctx: RewardContext) -> float | None:
     """
     last = ctx.last_result
     if ctx.final:
-        hidden = last.info.get("hiddenTests") if last else None
-        if not isinstance(hidden, dict):
-            return 0.0  # never submitted
-        if "resolved" not in hidden:
-            raise ValueError(f"task {ctx.task.task_id!r}: {_NOT_RESOLVABLE}")
-        return 1.0 if hidden["resolved"] is True else 0.0
+        return _resolved(ctx)
     if last is None or (now := _test_fraction(last.info, "tests")) is None:
         return None
     earlier = [f for r in ctx.results[:-1] if (f := _test_fraction(r.info, "tests")) is not None]
     return now - earlier[-1] if earlier else None
+
+
+def _resolved(ctx: RewardContext) -> float:
+    """1.0 when the submission's hidden-test verdict is resolved, 0.0 otherwise or without a submission."""
+    last = ctx.last_result
+    hidden = last.info.get("hiddenTests") if last else None
+    if not isinstance(hidden, dict):
+        return 0.0  # never submitted
+    if "resolved" not in hidden:
+        raise ValueError(f"task {ctx.task.task_id!r}: {_NOT_RESOLVABLE}")
+    return 1.0 if hidden["resolved"] is True else 0.0
+
+
+@reward("swe-bench-resolved")
+def swe_bench_resolved_reward(ctx: RewardContext) -> float | None:
+    """Outcome only, SWE-bench's verdict on a real repository: 1.0 when, with the instance's test patch applied,
+    every FAIL_TO_PASS test passes and every PASS_TO_PASS test still does; 0.0 otherwise or without a submission.
+    No intermediate reward: a repository's visible tests mostly pass before the fix."""
+    return _resolved(ctx) if ctx.final else None
 
 
 ENVIRONMENT_REWARD = "environmentReward"
@@ -157,7 +171,11 @@ _NOT_RESOLVABLE = (
 def task_problem(fn: RewardFunction, task: Task) -> str | None:
     """Why reward `fn` cannot score `task` (a field the task lacks), or None."""
     if fn is swe_toy_tests_reward and task.fail_to_pass is None:
+        if task.repository is not None:
+            return f"task {task.task_id!r} is on a repository: score it with reward swe-bench-resolved"
         return f"task {task.task_id!r} has no failToPass: {_NOT_RESOLVABLE}"
+    if fn is swe_bench_resolved_reward and task.repository is None:
+        return f"task {task.task_id!r} is not a SWE-bench-format instance: swe-bench-resolved scores only those"
     return None
 
 

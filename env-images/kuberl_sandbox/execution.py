@@ -200,7 +200,7 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
     return [*rlimits, *namespaces, *mounts, *drop, *shell]
 
 
-def make_private_root(private: Path, visible: Path) -> None:
+def make_private_root(private: Path, visible: Path, shared: tuple[Path, ...] = ()) -> None:
     """Make a session's private folder: one scratch folder per shared one of the host (`SHARED_SCRATCH`),
     and the fstab with which each command mounts them over the host's in its own mount namespace.
 
@@ -210,6 +210,7 @@ def make_private_root(private: Path, visible: Path) -> None:
     `visible` (the sandbox root: workspaces, scoring copies, the `python` shim) must stay reachable at its own
     path, and in local runs it lies under /tmp: it is then bind-mounted onto a mount point at the same place
     inside the private /tmp first. `private` must lie inside `visible` (its paths then resolve after every mount).
+    `shared` are more folders that must stay reachable the same way (a prepared environment the session runs in).
     """
     visible, private = visible.resolve(), private.resolve()  # real paths: what mount and getcwd() see
     if not private.is_relative_to(visible):
@@ -225,6 +226,9 @@ def make_private_root(private: Path, visible: Path) -> None:
             if visible == target:
                 raise ValueError(f"the sandbox root cannot be {target} itself: sessions get a private {target}")
             first.append(_fstab_line(visible, _mount_point(own, visible.relative_to(target)), "bind"))
+        for folder in (f.resolve() for f in shared):
+            if folder.is_relative_to(target) and not folder.is_relative_to(visible):
+                first.append(_fstab_line(folder, _mount_point(own, folder.relative_to(target)), "bind"))
         # rbind: the copy of `visible` mounted inside comes along
         then.append(_fstab_line(own, target, "rbind"))
     fstab = private / FSTAB
@@ -249,7 +253,7 @@ def _mount_point(base: Path, relative: Path) -> Path:
     path = base
     for part in relative.parts:
         path = path / part
-        path.mkdir()
+        path.mkdir(exist_ok=True)  # two folders mounted under one parent share its mount points
         os.chmod(path, 0o755)
     return path
 

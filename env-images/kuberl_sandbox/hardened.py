@@ -103,18 +103,18 @@ def _remove(scratch: Path, path: bytes, kind: str) -> None:
     names = ws.path_names(path)
     with ws.open_folder(scratch, names[:-1], path) as parent:
         if kind == "dir":
-            _remove_tree(parent, names[-1])
+            remove_tree(parent, names[-1])
         else:
             os.unlink(names[-1], dir_fd=parent)
 
 
-def _remove_tree(parent: int, name: bytes) -> None:
+def remove_tree(parent: int, name: bytes) -> None:
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
     try:
         for child in os.listdir(fd):
             info = os.stat(child, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
-                _remove_tree(fd, os.fsencode(child))
+                remove_tree(fd, os.fsencode(child))
             else:
                 os.unlink(child, dir_fd=fd)
     finally:

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import time
@@ -22,17 +23,21 @@ from pathlib import Path
 from typing import TypeVar
 
 from kuberl.api.environment import Snapshot, Task
+from kuberl.api.tampering import TamperingReason
 from kuberl.errors import ServiceError
-from kuberl_sandbox import hardened, oracle, snapshots, uids
+from kuberl.swebench import pytest_report
+from kuberl_sandbox import hardened, oracle, repository, snapshots, uids
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import CommandResult, Identity, make_private_root, namespaces_available, run_command
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.outcome_cache import OutcomeCache, task_digest
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
-from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, new_nonce
+from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, new_nonce, split_report
 
 HIDDEN_DIR = "hidden"
+REPOSITORY_TEST_OUTPUT = 4 << 20
+"""Output a repository's test run may print before it is killed (its report comes last)."""
 RM = shutil.which("rm") or "/bin/rm"
 PRIVATE_DIR = "private"  # root's 0700: the session's own /tmp, /var/tmp, /dev/shm and /run/lock (isolated only)
 T = TypeVar("T")
@@ -87,6 +92,8 @@ class Session:
     actions: list[dict[str, object]] = field(default_factory=list)
     commands: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    checkout: repository.Checkout | None = None
+    """Tasks on a repository: the base commit's tree and the prepared environment."""
 
     @property
     def workspace(self) -> Path:
@@ -157,9 +164,11 @@ class SessionManager:
         """A new session whose workspace holds the task's files."""
         session = self._new_session(task, timeout_s)
         try:
+            if session.checkout is not None:
+                await asyncio.to_thread(repository.unpack, session.checkout.tree, session.workspace, session.owner)
             await asyncio.to_thread(self._write_task_files, session, task.files)
             await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
-        except ws.WorkspaceError as err:
+        except (ws.WorkspaceError, OSError) as err:
             await asyncio.to_thread(self._remove, session)
             raise SessionError(400, str(err)) from None
         self._register(session)
@@ -380,6 +389,8 @@ class SessionManager:
             )
             if task.oracle is not None:
                 return await self._oracle_run(session, scratch, hidden)
+            if session.checkout is not None:
+                return await self._repository_run(session, scratch, hidden)
             return await self._hardened_run(session, scratch, hidden)
         except ws.WorkspaceError as err:
             # the agent made its workspace unscorable (an unreadable file, a folder where a test file goes):
@@ -399,6 +410,62 @@ class SessionManager:
         if hidden and task.fail_to_pass:
             return oracle.resolution(checks, result, nonce, task.fail_to_pass, task.pass_to_pass or [])
         return oracle.outcome(checks, result, nonce)
+
+    async def _repository_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
+        """A task on a repository: pytest on a scratch copy, SWE-bench's verdict for a submission (repository.py)."""
+        task, checkout, nonce = session.task.repository, session.checkout, new_nonce()
+        assert task is not None and checkout is not None
+        limits = replace(session.limits, output_bytes=max(session.limits.output_bytes, REPOSITORY_TEST_OUTPUT))
+        if hidden:
+            await self.file_op(repository.prepare_scratch, scratch, task, checkout, session.owner, self._max_file_bytes)
+            applied = await self._apply_test_patch(session, scratch, task.test_patch)
+            if applied.exit_code != 0:
+                return _unscorable(session.task, True, f"error: the test patch does not apply:\n{applied.output}")
+            files = task.test_files
+        else:
+            await self.file_op(repository.clean_for_visible_run, scratch, checkout, session.owner, self._max_file_bytes)
+            files = [f for f in task.test_files if f in checkout.tree.files]
+        command = pytest_report.command(
+            str(scratch), files, nonce, checkout.source_paths, str(checkout.environment.python)
+        )
+        result = await self._run(session, command, scratch, limits, test_run=True)
+        self.metrics.observe_command("hidden_tests" if hidden else "tests", result)
+        report = split_report(result, nonce)
+        outcomes: dict[str, str] = {}
+        tampering = report.tampering
+        if report.payload is not None:
+            try:
+                outcomes = pytest_report.parse(report.payload)[1]
+            except ValueError:
+                tampering = TamperingReason.MALFORMED_REPORT
+        if tampering is not None:
+            outcomes = {}
+        text = report.output + (
+            f"\nERROR: the test report could not be trusted ({tampering.value})" if tampering else ""
+        )
+
+        def counted(ids: list[str], output: str) -> TestOutcome:
+            passed = sum(pytest_report.passed(outcomes, i) for i in ids)
+            return TestOutcome(len(ids), passed, output, result.exit_code, result.timed_out, tampering=tampering)
+
+        if not hidden:
+            return counted(list(outcomes), text)
+        return Resolution(counted(task.fail_to_pass, text), counted(task.pass_to_pass, "")).combined()
+
+    async def _apply_test_patch(self, session: Session, scratch: Path, patch: str) -> CommandResult:
+        """`git apply`, or `patch` with some fuzz where git refuses (as SWE-bench's harness does), as the session."""
+        name = f"test-{secrets.token_hex(8)}.diff"
+        folder = scratch.parent
+        await self.file_op(ws.write_text, folder, name, patch, session.owner, max(self._max_file_bytes, len(patch) + 1))
+        path = shlex.quote(str(folder / name))
+        command = (
+            f"git apply --whitespace=nowarn {path} 2>/dev/null || "
+            f"patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {path}"
+        )
+        try:
+            return await self._run(session, command, scratch, session.limits)
+        finally:
+            await self.file_op(self._remove_file_as, folder / name, session.owner)
 
     async def _hardened_run(self, session: Session, scratch: Path, hidden: bool) -> TestOutcome:
         task, nonce = session.task, new_nonce()
@@ -448,6 +515,10 @@ class SessionManager:
     def _new_session(self, task: Task, timeout_s: float | None) -> Session:
         if len(self.sessions) >= self.settings.max_sessions:
             raise SessionError(503, f"this server holds its maximum of {self.settings.max_sessions} sessions")
+        try:
+            checkout = repository.checkout_for(self.settings, task.repository) if task.repository else None
+        except repository.RepositoryUnavailable as err:
+            raise SessionError(409, f"task {task.task_id}: {err}") from None
         session_id = secrets.token_hex(8)
         home = self.settings.root / session_id
         if self.isolated and self._uid_block:
@@ -457,7 +528,7 @@ class SessionManager:
             identity = Identity(uid=uid, gid=uid, isolated=True, private=(home / PRIVATE_DIR).absolute())
         else:
             identity = Identity(uid=os.geteuid(), gid=os.getegid(), isolated=False)
-        session = Session(session_id, task, identity, home, self.settings.limits)
+        session = Session(session_id, task, identity, home, self.settings.limits, checkout=checkout)
         session.limits = self._limits(session, timeout_s)
         home.mkdir(mode=0o711)
         for sub, mode, owned in (("work", 0o700, True), ("tmp", 0o700, True), (HIDDEN_DIR, 0o700, False)):
@@ -465,7 +536,8 @@ class SessionManager:
             if owned and session.owner:
                 os.chown(home / sub, *session.owner)
         if identity.private:
-            make_private_root(identity.private, visible=self.settings.root)
+            shared = (checkout.environment.folder,) if checkout is not None else ()
+            make_private_root(identity.private, visible=self.settings.root, shared=shared)
         return session
 
     def _register(self, session: Session) -> None:
@@ -498,8 +570,11 @@ class SessionManager:
 
     def _env(self, session: Session) -> dict[str, str]:
         # A clean environment: nothing of the server's (its token above all) reaches session commands.
-        return {
-            "PATH": f"{self._bin}:/usr/local/bin:/usr/bin:/bin",
+        # A task on a repository runs in its prepared venv, the workspace's code first on the import path.
+        checkout = session.checkout
+        venv = {} if checkout is None else self._venv_env(checkout, session.workspace)
+        return venv | {
+            "PATH": (f"{checkout.environment.bin}:" if checkout else "") + f"{self._bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(session.workspace),
             # isolated: the session's own /tmp (mounted for each command); else the session's tmp/ folder
             "TMPDIR": "/tmp" if session.identity.isolated else str(session.home / "tmp"),
@@ -508,3 +583,8 @@ class SessionManager:
             "PYTHONUNBUFFERED": "1",
             "PYTHONHASHSEED": "0",
         }
+
+    @staticmethod
+    def _venv_env(checkout: repository.Checkout, workspace: Path) -> dict[str, str]:
+        paths = [str(workspace) if p == "." else str(workspace / p) for p in checkout.source_paths]
+        return {"VIRTUAL_ENV": str(checkout.environment.folder / "venv"), "PYTHONPATH": ":".join(paths)}

@@ -74,6 +74,11 @@ class SandboxSettings:
     (outcome_cache.py): a few KiB each, the least recently used go first; 0 runs every test run."""
     allow_shared_user: bool = False
     """Start even when sessions cannot get users of their own (not root): development only."""
+    repos: Path | None = None
+    """A mirror of git repositories for tasks on real repositories (`owner__name`, bare or not); unset: such
+    tasks are refused."""
+    environments: Path | None = None
+    """Prepared environments of those tasks (`kuberl tasks prepare`), shared read-only by their sessions."""
 
     @staticmethod
     def from_env(root: str | None = None, token: str | None = None) -> SandboxSettings:
@@ -85,8 +90,15 @@ class SandboxSettings:
         python = os.environ.get(env_vars.SANDBOX_PYTHON) or _find_python()
         shared = os.environ.get(env_vars.SANDBOX_ALLOW_SHARED_USER, "") in ("1", "true", "yes")
         advertise = os.environ.get(ADVERTISE_ENV) or None
+        repos, environments = (os.environ.get(name) for name in (env_vars.SANDBOX_REPOS, env_vars.SANDBOX_ENVIRONMENTS))
         return SandboxSettings(
-            root=root_path, token=token, python=python, allow_shared_user=shared, advertise_url=advertise
+            root=root_path,
+            token=token,
+            python=python,
+            allow_shared_user=shared,
+            advertise_url=advertise,
+            repos=Path(repos) if repos else None,
+            environments=Path(environments) if environments else None,
         )
 
 

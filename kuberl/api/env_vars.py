@@ -17,6 +17,10 @@ SANDBOX_PYTHON = "KUBERL_SANDBOX_PYTHON"
 """Interpreter sessions get as `python`."""
 SANDBOX_ALLOW_SHARED_USER = "KUBERL_SANDBOX_ALLOW_SHARED_USER"
 """`1`: start unisolated when sessions cannot get users of their own (development only)."""
+SANDBOX_REPOS = "KUBERL_SANDBOX_REPOS"
+"""Folder of git repositories (`owner__name`) that sessions of SWE-bench-format tasks start from."""
+SANDBOX_ENVIRONMENTS = "KUBERL_SANDBOX_ENVIRONMENTS"
+"""Folder of prepared environments (`kuberl tasks prepare`) those sessions run in."""
 
 # --- the rollout tier
 SANDBOX_URLS = "KUBERL_SANDBOX_URLS"

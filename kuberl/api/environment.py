@@ -13,6 +13,7 @@ from pydantic import AfterValidator, Field, JsonValue, model_validator
 
 from kuberl.api.base import ApiModel
 from kuberl.api.spec import TaskSplit
+from kuberl.api.swebench import RepositoryTask
 
 
 def check_relative_path(path: str) -> str:
@@ -102,6 +103,29 @@ class Task(ApiModel):
     """Hidden test ids that pass on the starting files and must still pass (SWE-bench PASS_TO_PASS)."""
     oracle: Oracle | None = None
     """Calls with expected results that the sandbox checks itself: a score the code under test cannot forge."""
+    repository: RepositoryTask | None = None
+    """A task on a real repository (a SWE-bench-format instance): the workspace is the repository at its base
+    commit and the score is its pytest FAIL_TO_PASS / PASS_TO_PASS verdict (docs/tasks.md). Such a task has no
+    `files`, `hiddenTests`, `failToPass` or `oracle` of its own."""
+
+    @model_validator(mode="after")
+    def _repository_alone(self) -> Self:
+        if self.repository is None:
+            return self
+        given = [
+            name
+            for name, value in (
+                ("files", self.files),
+                ("hiddenTests", self.hidden_tests),
+                ("failToPass", self.fail_to_pass),
+                ("passToPass", self.pass_to_pass),
+                ("oracle", self.oracle),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(f"repository: a task on a repository takes its tests from it; remove {given}")
+        return self
 
     @model_validator(mode="after")
     def _ids_name_hidden_tests(self) -> Self:

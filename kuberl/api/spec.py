@@ -272,6 +272,12 @@ class TaskSource(ApiModel):
     400, about a quarter held out). Task i is the same whatever the count, so a larger suite adds tasks to
     both splits. A policy trained for several passes over a few hundred tasks learns them by heart: the
     demo's policy solved 0.89 of its training tasks and 0.74 of the held-out ones (0.43 and 0.44 before RL)."""
+    repos: StorageUri | None = None
+    """Environment `swe-bench`: the mirror of git repositories the instances name, a folder (or `s3://` prefix)
+    of `owner__name` repositories, bare or not. Episodes start from it and never reach the network."""
+    environments: str | None = None
+    """Environment `swe-bench`: the folder of environments prepared by `kuberl tasks prepare`; unset:
+    `runs/environments`."""
 
     cross_field_rules = (
         CrossFieldRule(
@@ -289,6 +295,8 @@ AgentRef = Annotated[str, Field(min_length=3, max_length=256, pattern=AGENT_REF_
 
 
 OPENENV_PREFIX = "openenv:"
+SWE_BENCH = "swe-bench"
+"""The environment of SWE-bench-format instances on real repositories (docs/tasks.md)."""
 ENVIRONMENT_NAME_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.\-]*|openenv:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 
 
@@ -322,6 +330,14 @@ class EnvironmentSpec(ApiModel):
     env (run, run_tests, submit). Unset: the built-in agent loop."""
 
     cross_field_rules = (
+        CrossFieldRule(
+            field="tasks",
+            cel="self.name != 'swe-bench' || (has(self.tasks.uri) && has(self.tasks.repos))",
+            message=(
+                "environment swe-bench needs tasks.uri (a SWE-bench-format JSONL file) and tasks.repos (the mirror)"
+            ),
+            holds=lambda e: e.name != SWE_BENCH or (e.tasks.uri is not None and e.tasks.repos is not None),
+        ),
         CrossFieldRule(
             field="turnTimeout",
             cel=None,  # Kubernetes CEL's duration() does not parse days ("7d")
@@ -738,6 +754,12 @@ class RLJobSpec(ApiModel):
                 "(it reads a sandbox's hidden tests); use openenv-return (the sum of the rewards the environment "
                 "gave) or a function of yours"
             ),
+        ),
+        CrossFieldRule(
+            field="reward.function",
+            cel=f"self.environment.name != '{SWE_BENCH}' || self.reward.function != 'swe-toy-tests'",
+            message="environment swe-bench is scored by swe-bench-resolved (or a function of yours), not swe-toy-tests",
+            holds=lambda s: s.environment.name != SWE_BENCH or s.reward.function != "swe-toy-tests",
         ),
         CrossFieldRule(
             field="algorithm.creditAssignment.mode",

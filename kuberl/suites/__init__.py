@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from kuberl.api.environment import Task
-from kuberl.api.spec import EnvironmentSpec, TaskSplit, openenv_class
+from kuberl.api.spec import SWE_BENCH, EnvironmentSpec, TaskSplit, openenv_class
 from kuberl.suites import seeds, swe_toy
 from kuberl.suites.store import read_jsonl
 
@@ -21,7 +21,9 @@ def load_tasks(name: str, uri: str | None = None, split: str | None = None, coun
     """The tasks of JSONL file `uri`, or of built-in suite `name` when `uri` is None (its first `count` tasks,
     or its default number); only `split` if given."""
     wanted = _parse_split(split)
-    if uri is not None and uri.startswith("s3://"):
+    if name == SWE_BENCH:
+        tasks = _read_instances(uri)
+    elif uri is not None and uri.startswith("s3://"):
         tasks = _read_s3(uri)
     elif uri is not None:
         tasks = read_jsonl(_local_path(uri))
@@ -60,7 +62,16 @@ def _local_path(uri: str) -> Path:
     return Path(uri)
 
 
-def _read_s3(uri: str) -> list[Task]:
+def _read_instances(uri: str | None) -> list[Task]:
+    """SWE-bench-format rows (a local file or s3://) as Tasks on their repositories."""
+    from kuberl.swebench.instances import read_tasks
+
+    if uri is None:
+        raise ValueError(f"environment {SWE_BENCH} reads its instances from tasks.uri (a SWE-bench-format JSONL file)")
+    return _read_s3(uri, read_tasks) if uri.startswith("s3://") else read_tasks(_local_path(uri))
+
+
+def _read_s3(uri: str, read: Callable[[Path], list[Task]] = read_jsonl) -> list[Task]:
     """Download an s3:// task file (credentials and AWS_ENDPOINT_URL from the environment) and read it."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
@@ -72,4 +83,4 @@ def _read_s3(uri: str) -> list[Task]:
             boto3.client("s3").download_file(parsed.netloc, parsed.path.lstrip("/"), str(local))
         except (BotoCoreError, ClientError) as err:
             raise ValueError(f"task file {uri}: cannot download it ({err})") from None
-        return read_jsonl(local)
+        return read(local)

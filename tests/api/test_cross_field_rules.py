@@ -49,6 +49,26 @@ BROKEN = [
         True,
     ),
     (
+        "swe-bench-not-scored-by-swe-toy-tests",
+        with_spec(
+            environment={"name": "swe-bench", "tasks": {"uri": "instances.jsonl", "repos": "mirror"}},
+            reward={"function": "swe-toy-tests"},
+        ),
+        "spec.reward.function",
+        "scored by swe-bench-resolved",
+        True,
+    ),
+    (
+        "swe-bench-needs-instances-and-mirror",
+        with_spec(
+            environment={"name": "swe-bench", "tasks": {"uri": "instances.jsonl"}},
+            reward={"function": "swe-bench-resolved"},
+        ),
+        "spec.environment.tasks",
+        "needs tasks.uri (a SWE-bench-format JSONL file) and tasks.repos",
+        True,
+    ),
+    (
         "weight-uri-needs-storage",
         with_spec(rollout={"weightSync": {"uri": "s3://bucket/weights"}}),
         "spec.rollout.weightSync.uri",

@@ -14,15 +14,18 @@ from kuberl_sandbox.sessions import Session
 router = APIRouter(dependencies=AUTHENTICATED)
 
 
-def initial_observation(task: Task) -> str:
-    return task.prompt + "\nFiles: " + ", ".join(sorted(task.files))
+def initial_observation(task: Task, session: Session | None = None) -> str:
+    """The prompt and the workspace's files (a repository's top-level entries)."""
+    checkout = session.checkout if session is not None else None
+    names = checkout.top_level if checkout is not None else sorted(task.files)
+    return task.prompt + "\nFiles: " + ", ".join(names)
 
 
 def _info(manager: Manager, session: Session, task: Task, checksum: str | None = None) -> SessionInfo:
     return SessionInfo(
         session_id=session.session_id,
         task_id=task.task_id,
-        observation=initial_observation(task),
+        observation=initial_observation(task, session),
         isolated=session.identity.isolated,
         checksum=checksum,
         endpoint=manager.settings.advertise_url,

@@ -1,0 +1,1 @@
+"""SWE-bench-format instances on real repositories: rows, the mirror, environments, pytest reports."""
