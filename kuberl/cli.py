@@ -351,6 +351,7 @@ def run_command(
         job = load_rljob(job_file)
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
         load_job_tasks(job, resolve_rewards(job).function)
+        _refuse_unready_repositories(job.spec.environment)
         model = str(local_copy(job.spec.model.uri))
         check_model_folder(model)
     except LocalCopyError as err:
@@ -486,6 +487,7 @@ def evaluate_command(
             tasks = load_tasks(env.name, tasks_uri, split)
         # before any server starts: a task the job's reward cannot score is a usage error
         check_tasks(resolve_reward(job.spec.reward.function), tasks, tasks_uri or env.tasks.uri or env.name)
+        _refuse_unready_repositories(env)
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     if not tasks:
@@ -569,6 +571,15 @@ def learner(
         metrics_port=metrics_port,
         job_started_at=started,
     )
+
+
+def _refuse_unready_repositories(env) -> None:
+    """Instances on repositories: a missing mirror, commit or environment is a usage error before anything starts."""
+    from kuberl.swebench.readiness import readiness_problems
+
+    if problems := readiness_problems(env):
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ValueError("; ".join(problems[:3]) + more)
 
 
 main.add_command(tasks_group)

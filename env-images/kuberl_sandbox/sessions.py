@@ -260,6 +260,12 @@ class SessionManager:
         async with session.lock:
             return await self.file_op(ws.list_dir, session.workspace, path, session.owner)
 
+    async def search(self, session: Session, text: str, path: str, max_matches: int) -> tuple[list, bool]:
+        async with session.lock:
+            return await self.file_op(
+                ws.search_text, session.workspace, path, text, session.owner, max_matches, self._max_file_bytes
+            )
+
     async def checksum(self, session: Session) -> str:
         async with session.lock:
             return await self.file_op(ws.checksum, session.workspace, session.owner)

@@ -27,10 +27,47 @@ def _args(arguments: dict[str, Any], *names: str) -> list[str]:
     return [arguments[n] for n in names]
 
 
+MAX_SEARCH_MATCHES = 50
+MAX_LISTED_SHOWN = 300
+
+
+def _line_number(arguments: dict[str, Any], name: str) -> int | None:
+    value = arguments.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ws.WorkspaceError(f"{name} must be a line number (1 or more), got {value!r}")
+    return value
+
+
 async def read_file(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    """The file, or with `start` / `end` (line numbers, 1-based, inclusive) those lines, numbered; cut at the
+    observation limit either way."""
     (path,) = _args(arguments, "path")
-    content, cut = await manager.read_file(session, path, manager.settings.observation_bytes)
-    return StepResult(observation=content + ("\n... [file cut]" if cut else ""), info={"path": path})
+    start, end = _line_number(arguments, "start"), _line_number(arguments, "end")
+    limit = manager.settings.observation_bytes
+    if start is None and end is None:
+        content, cut = await manager.read_file(session, path, limit)
+        return StepResult(observation=content + ("\n... [file cut]" if cut else ""), info={"path": path})
+    content, _ = await manager.read_file(session, path, manager.settings.limits.max_file_bytes)
+    lines = content.split("\n")
+    first, last = start or 1, min(end or len(lines), len(lines))
+    shown = "\n".join(f"{n:>5}  {lines[n - 1]}" for n in range(first, last + 1))
+    footer = f"\n[lines {first}-{last} of {len(lines)}]" if first <= last else f"[{path} has {len(lines)} lines]"
+    return StepResult(observation=_cut(shown, limit) + footer, info={"path": path, "lines": len(lines)})
+
+
+async def search(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
+    """Lines that contain `text` (plain text) in the files under `path` (default: the whole workspace)."""
+    (text,) = _args(arguments, "text")
+    path = arguments.get("path") or "."
+    if not isinstance(path, str):
+        raise ws.WorkspaceError("path must be a string")
+    matches, more = await manager.search(session, text, path, MAX_SEARCH_MATCHES)
+    lines = [f"{file}:{number}: {line.strip()}" for file, number, line in matches]
+    tail = f"\n[first {len(matches)} matches shown; narrow the path]" if more else f"\n[{len(matches)} matches]"
+    observation = _cut("\n".join(lines), manager.settings.observation_bytes) + tail
+    return StepResult(observation=observation, info={"matches": len(matches), "more": more})
 
 
 async def replace(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
@@ -50,7 +87,11 @@ async def list_files(manager: SessionManager, session: Session, arguments: dict[
     if not isinstance(path, str):
         raise ws.WorkspaceError("path must be a string")
     entries = await manager.list_files(session, path)
-    return StepResult(observation="\n".join(str(e["path"]) for e in entries), info={"entries": len(entries)})
+    shown = [str(e["path"]) + ("/" if e["type"] == "dir" else "") for e in entries[:MAX_LISTED_SHOWN]]
+    if len(entries) > MAX_LISTED_SHOWN:
+        shown.append(f"[{len(entries) - MAX_LISTED_SHOWN} more entries; list a folder]")
+    observation = _cut("\n".join(shown), manager.settings.observation_bytes)
+    return StepResult(observation=observation, info={"entries": len(entries)})
 
 
 async def run(manager: SessionManager, session: Session, arguments: dict[str, Any]) -> StepResult:
@@ -83,6 +124,7 @@ TOOLS: dict[str, ToolHandler] = {
     "replace": replace,
     "write_file": write_file,
     "list_files": list_files,
+    "search": search,
     "run": run,
     "run_tests": run_tests,
     "submit": submit,

@@ -323,6 +323,35 @@ def list_dir(workspace: Path, relative: str, owner: Owner | None) -> list[dict[s
     return entries
 
 
+def search_text(
+    workspace: Path, relative: str, needle: str, owner: Owner | None, max_matches: int, max_file_bytes: int
+) -> tuple[list[tuple[str, int, str]], bool]:
+    """Lines containing `needle` (a plain string, never a pattern: no expression of the agent's runs here) in the
+    regular files under `relative`, as (path, line number, line); and whether more matches were left out.
+    Files over `max_file_bytes` and files that are not UTF-8 text are skipped."""
+    if not needle:
+        raise WorkspaceError("the text to search for must not be empty")
+    wanted, names = _utf8(needle, "text"), path_names(relative)
+    found: list[tuple[str, int, str]] = []
+    with session_rights(owner), open_folder(workspace, names, relative) as folder:
+        base = b"/".join(names) + b"/" if names else b""
+        try:
+            for entry in walk(folder, base):
+                if entry.kind != "file" or entry.info.st_size > max_file_bytes:
+                    continue
+                data = read_entry(entry, max_file_bytes)
+                if wanted not in data or b"\0" in data[:1024]:
+                    continue
+                for number, line in enumerate(data.split(b"\n"), start=1):
+                    if wanted in line:
+                        if len(found) == max_matches:
+                            return found, True
+                        found.append((shown_name(entry.path), number, line.decode("utf-8", "replace")[:300]))
+        except OSError as err:
+            raise _refusal(err, relative) from None
+    return found, False
+
+
 def checksum(workspace: Path, owner: Owner | None) -> str:
     """SHA-256 over every entry's relative path, kind, permission bits and content (or link target)."""
     digest = hashlib.sha256()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
+from kuberl.swebench.readiness import sandbox_environment
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def plan(
     rollout_urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
     spec = job.spec
     token = {env_vars.SANDBOX_TOKEN: sandbox_token}
+    sandbox_env = token | sandbox_environment(spec.environment)  # a job on real repositories: mirror, environments
     out = [
         ProcessSpec(
             f"sandbox-{i}",
@@ -77,7 +79,7 @@ def plan(
                 "--max-sessions",
                 str(max(spec.sandbox.sessions_per_pod, spec.rollout.concurrent_sessions)),
             ],
-            token,
+            sandbox_env,
             f"{sandbox_urls[i]}/readyz",
             logs / f"sandbox-{i}.log",
             f"{sandbox_urls[i]}/healthz",

@@ -32,6 +32,21 @@ SWE_SYSTEM_PROMPT = system_prompt(
     "Read the failing test, fix the code, run the tests, submit.",
 )
 
+REPOSITORY_SYSTEM_PROMPT = system_prompt(
+    "You resolve issues in real Python repositories.",
+    [
+        "list_files(path)",
+        "search(text, path)",
+        "read_file(path, start, end)",
+        "replace(path, old, new)",
+        "run(command)",
+        "run_tests()",
+        "submit()",
+    ],
+    "Find the code the issue is about, read it by line ranges, fix it, run the tests, submit.",
+)
+"""The built-in agent's prompt for tasks on repositories (environment `swe-bench`): files too large to read whole."""
+
 
 @dataclass(frozen=True)
 class ParseError:

@@ -13,10 +13,10 @@ from kuberl.agents import resolve_agent
 from kuberl.api import env_vars
 from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import openenv_class
+from kuberl.api.spec import SWE_BENCH, openenv_class
 from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
+from kuberl.modeling.tool_calls import REPOSITORY_SYSTEM_PROMPT, SWE_SYSTEM_PROMPT
 from kuberl.rewards import check_tasks, resolve_reward
 from kuberl.storage import check_model_folder, local_copy
 from kuberl.suites import environment_tasks
@@ -114,7 +114,8 @@ def episode_world(settings: RolloutSettings, rewards: Rewards, metrics: RolloutM
     def open_session() -> ScoredEnvironment:
         return SandboxEnvironment(next(sandboxes), *scoring, session_started=started, command_timeout_s=turn_s)
 
-    return EpisodeWorld(open_session, SWE_SYSTEM_PROMPT)
+    prompt = REPOSITORY_SYSTEM_PROMPT if settings.job.spec.environment.name == SWE_BENCH else SWE_SYSTEM_PROMPT
+    return EpisodeWorld(open_session, prompt)
 
 
 def build_app(settings: RolloutSettings) -> FastAPI:
