@@ -7,8 +7,9 @@ a decorator or module-level code), so that a bug is a wrong behaviour, not a bro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -206,10 +207,11 @@ class _Finder(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         positional = [a for a in node.args if a.keyword is None and not a.star]
-        for first, second in zip(positional, positional[1:], strict=False):
+        for first, second in pairwise(positional):
             same = self.module.code_for_node(first.value) == self.module.code_for_node(second.value)
             if not same and self._one_line(first, second):
-                self._add("swap_arguments", node, lambda n, a=first, b=second: _swap(n, a, b), first)
+                i, j = node.args.index(first), node.args.index(second)
+                self._add("swap_arguments", node, lambda n, i=i, j=j: _swap(n, i, j), first)
 
     def visit_Return(self, node: cst.Return) -> None:
         value = node.value
@@ -237,11 +239,9 @@ def _negated(test: cst.CSTNode) -> cst.CSTNode:
     return cst.UnaryOperation(operator=cst.Not(), expression=test)
 
 
-def _swap(call: cst.CSTNode, first: cst.Arg, second: cst.Arg) -> cst.CSTNode:
+def _swap(call: cst.CSTNode, i: int, j: int) -> cst.CSTNode:
+    """The call with the values of arguments i and j exchanged (commas and spacing stay where they were)."""
     assert isinstance(call, cst.Call)
-    args: Sequence[cst.Arg] = call.args
-    swapped = [
-        a.with_changes(value=second.value) if a is first else a.with_changes(value=first.value) if a is second else a
-        for a in args
-    ]
-    return call.with_changes(args=swapped)
+    args = list(call.args)
+    args[i], args[j] = args[i].with_changes(value=args[j].value), args[j].with_changes(value=args[i].value)
+    return call.with_changes(args=args)
