@@ -14,7 +14,7 @@ TORCH      := torch==2.13.0
 DEPS_STAMP := $(VENV)/.deps-installed
 SYS_STAMP  := $(VENV)/.system-installed
 
-.PHONY: help install test test-fast lint crds bench demo clean
+.PHONY: help install test test-fast lint crds bench demo tasks swe-bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -79,6 +79,19 @@ demo: install ## Run examples/swe-toy.yaml with `kuberl run`: warm-up, RL, held-
 	@test -f $(DEMO_MODEL)/token_ranking.json -a -f $(DEMO_MODEL)/copy_pretraining.json || { rm -rf $(DEMO_MODEL) && $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2; }
 	@if [ -e runs/swe-toy ]; then mv runs/swe-toy runs/swe-toy.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous demo run aside"; fi
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy.yaml
+
+SWE_TASKS := runs/swe-tasks
+SWE_ENVS  := runs/environments
+
+tasks: install ## Make SWE-bench-format instances from real packages (kuberl tasks make), then check them in the sandbox
+	$(VENV)/bin/kuberl tasks make --out $(SWE_TASKS)/instances.jsonl --repos $(SWE_TASKS)/mirror --environments $(SWE_ENVS)
+	$(VENV)/bin/kuberl tasks check $(SWE_TASKS)/instances.jsonl --repos $(SWE_TASKS)/mirror --environments $(SWE_ENVS)
+
+swe-bench: install ## RL steps of the demo's tiny model on the made instances (examples/swe-bench-local.yaml)
+	@test -f $(SWE_TASKS)/instances.jsonl || $(MAKE) tasks
+	@test -f $(DEMO_MODEL)/config.json || $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2
+	$(VENV)/bin/kuberl tasks prepare $(SWE_TASKS)/instances.jsonl --repos $(SWE_TASKS)/mirror --environments $(SWE_ENVS)
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-bench-local.yaml
 
 clean: ## Remove the virtual environment and caches
 	rm -rf $(VENV) $(CACHE) .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
-import tarfile
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +25,15 @@ from kuberl.swebench import environments
 from kuberl.swebench.mirror import CommitTree, MirrorError, commit_tree
 from kuberl_sandbox import hardened
 from kuberl_sandbox import workspace as ws
+from kuberl_sandbox.execution import SETPRIV
 from kuberl_sandbox.rights import Owner, session_rights
 from kuberl_sandbox.settings import SandboxSettings
 
-CONFIG_FILES = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+CONFIG_FILES = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 """Top-level files pytest reads its options from (plugins to load, paths to add): the base commit's count."""
 PLANTED = (b".dist-info", b".egg-info", b".egg-link")
 """Package metadata in the workspace would register entry points (pytest plugins) from it."""
+TAR = shutil.which("tar") or "/bin/tar"
 _DIFF_PATH = re.compile(r"^(?:---|\+\+\+) (?:[ab]/)?(\S+)", re.MULTILINE)
 
 
@@ -77,10 +80,19 @@ def checkout_for(settings: SandboxSettings, task: RepositoryTask) -> Checkout:
 
 
 def unpack(tree: CommitTree, workspace: Path, owner: Owner | None) -> None:
-    """Unpack the commit's tree into the new, empty workspace with the session's file rights. The archive was
-    made by this server from the mirror and no command of the session runs yet, so nothing can race it."""
-    with tarfile.open(tree.archive) as tar, session_rights(owner):  # the archive is the server's, opened as it
-        tar.extractall(workspace, filter="data")
+    """Unpack the commit's tree into the new, empty workspace: GNU tar run as the session's user (it can write
+    nothing that user could not), reading the archive the server opened for it (the session cannot read it)."""
+    user = [] if owner is None else [SETPRIV, f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups"]
+    with tree.archive.open("rb") as archive:
+        done = subprocess.run(
+            [*user, TAR, "-x", "--no-same-owner", "-f", "-", "-C", str(workspace)],
+            stdin=archive,
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            check=False,
+        )
+    if done.returncode != 0:
+        raise ws.WorkspaceError(f"cannot unpack the base commit: {done.stderr.decode(errors='replace').strip()[:300]}")
 
 
 def patched_files(diff: str) -> list[str]:

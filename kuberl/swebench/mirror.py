@@ -36,7 +36,8 @@ def repository_path(mirror: Path, repo: str) -> Path:
 def git(repository: Path, *args: str, stdin: bytes | None = None) -> bytes:
     """Run git in `repository`; its stderr in the error when it fails."""
     done = subprocess.run(
-        [GIT, "-C", str(repository), *args],
+        # a mirror made by another user is still read (git refuses "dubious ownership" otherwise)
+        [GIT, "-c", "safe.directory=*", "-C", str(repository), *args],
         input=stdin,
         capture_output=True,
         env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"},

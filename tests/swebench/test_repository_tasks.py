@@ -145,7 +145,9 @@ async def test_visible_run_and_tools_on_a_repository(dataset, manager: SessionMa
     info = tests.info["tests"]
     assert info["total"] > 10 and 0 < info["passed"] < info["total"]  # the bump_patch tests fail at base
     assert "test_should_bump_patch" in tests.observation
-    found = await apply_tool(manager, session, ToolCall(name="search", arguments={"text": "def bump_patch(self)", "path": "src"}))
+    found = await apply_tool(
+        manager, session, ToolCall(name="search", arguments={"text": "def bump_patch(self)", "path": "src"})
+    )
     assert found.info["matches"] == 1 and found.observation.startswith("src/semver/version.py:")
     line = int(found.observation.split(":")[1])
     read = await apply_tool(
