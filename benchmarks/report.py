@@ -252,6 +252,34 @@ GOALS: tuple[Goal, ...] = (
         " s",
         unreached=FULL_THROUGHPUT_AGAIN,
     ),
+    Goal(
+        "SWE-bench-format task: episode start p50 (workspace at base_commit, environment attached; >1,000 files), s",
+        lambda r: dig(r, "swe_tasks.episode_start.p50_s"),
+        1.0,
+        "lower",
+        " s",
+    ),
+    Goal(
+        "SWE-bench-format task: episode start p99, s",
+        lambda r: dig(r, "swe_tasks.episode_start.p99_s"),
+        None,
+        "lower",
+        " s",
+    ),
+    Goal(
+        "SWE-bench-format task: scoring overhead beyond the tests' own run time, s",
+        lambda r: dig(r, "swe_tasks.scoring.overhead_s"),
+        1.0,
+        "lower",
+        " s",
+    ),
+    Goal(
+        "kuberl tasks make: instances per minute (100 in 30 minutes is 3.33)",
+        lambda r: dig(r, "swe_tasks.factory.instances_per_minute"),
+        3.33,
+        "higher",
+        "",
+    ),
 )
 
 
