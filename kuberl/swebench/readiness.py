@@ -92,4 +92,8 @@ def download_mirror(uri: str, cache: Path) -> Path:
                 client.download_file(bucket, item["Key"], str(local))
     except (BotoCoreError, ClientError) as err:
         raise MirrorError(f"spec.environment.tasks.repos {uri}: cannot download the mirror ({err})") from None
+    # object stores keep no empty folders, and git does not take a folder without refs/ for a repository
+    for head in [*target.glob("*/HEAD"), *target.glob("*/.git/HEAD")]:
+        (head.parent / "refs" / "heads").mkdir(parents=True, exist_ok=True)
+        (head.parent / "objects").mkdir(exist_ok=True)
     return target

@@ -177,3 +177,43 @@ def test_a_job_refuses_to_start_without_its_commits_and_environments(tmp_path):
         "KUBERL_SANDBOX_ENVIRONMENTS": str(tmp_path / "envs"),
     }
     assert readiness_problems(EnvironmentSpec()) == [] and sandbox_environment(EnvironmentSpec()) == {}
+
+
+def test_a_mirror_on_s3_is_copied_once_and_read_like_a_folder(tmp_path, monkeypatch):
+    """A real S3 API (moto's server on 127.0.0.1) holding a bare repository under a prefix."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from kuberl.swebench.readiness import download_mirror
+
+    commit = _git_repository(tmp_path / "work" / "lib")
+    bare = tmp_path / "bare" / "octo__lib.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(tmp_path / "work" / "lib"), str(bare)], check=True)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key, value in {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(key, value)
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="datasets")
+        for path in bare.rglob("*"):
+            if path.is_file():
+                s3.upload_file(str(path), "datasets", f"mirror/{path.relative_to(bare.parent)}")
+        local = download_mirror("s3://datasets/mirror/", tmp_path / "cache")
+        assert local == tmp_path / "cache" / "datasets" / "mirror"
+        tree = commit_tree(local, tmp_path / "archives", "octo/lib", commit)
+        assert tree.files == ("lib.py",)
+        head = local / "octo__lib.git" / "HEAD"
+        stamp = head.stat().st_mtime_ns
+        download_mirror("s3://datasets/mirror/", tmp_path / "cache")  # unchanged objects are not fetched again
+        assert head.stat().st_mtime_ns == stamp
+        with pytest.raises(MirrorError, match="s3://nowhere/mirror: cannot download the mirror"):
+            download_mirror("s3://nowhere/mirror", tmp_path / "cache")
+    finally:
+        server.stop()
