@@ -64,13 +64,17 @@ def _module_of(path: str) -> str:
 def _unscorable(task: Task, hidden: bool, why: str) -> TestOutcome:
     """The outcome of a run that could not happen: nothing passed (and, for a submission, not resolved)."""
     failed = TestOutcome(total=0, passed=0, output=why, exit_code=None, timed_out=False)
-    if not (hidden and task.fail_to_pass):
+    repo = task.repository
+    fail_to_pass, pass_to_pass = (
+        (repo.fail_to_pass, repo.pass_to_pass) if repo else (task.fail_to_pass, task.pass_to_pass)
+    )
+    if not (hidden and fail_to_pass):
         return failed
     parts = [
         TestOutcome(
-            total=len(ids), passed=0, output=why if ids is task.fail_to_pass else "", exit_code=None, timed_out=False
+            total=len(ids), passed=0, output=why if ids is fail_to_pass else "", exit_code=None, timed_out=False
         )
-        for ids in (task.fail_to_pass, task.pass_to_pass or [])
+        for ids in (fail_to_pass, pass_to_pass or [])
     ]
     return Resolution(*parts).combined()
 

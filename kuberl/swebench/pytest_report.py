@@ -48,6 +48,7 @@ class Recorder:
 args = ["-p", "no:cacheprovider", "-q", "--tb=short", "-rfE", "--rootdir", folder, *files]
 code = pytest.main(args, plugins=[Recorder()])
 os.write(1, ("\n" + nonce + json.dumps({"exitCode": int(code), "outcomes": outcomes}) + "\n").encode())
+sys.exit(int(code))
 """
 
 

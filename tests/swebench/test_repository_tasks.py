@@ -207,3 +207,28 @@ def test_check_command_prints_a_line_per_instance_and_the_count(dataset, tmp_pat
     )
     assert done.returncode == 1
     assert done.stdout.strip().splitlines()[-1] == "1/3 instances valid"
+
+
+async def test_a_folder_planted_where_the_test_patch_adds_a_file_is_removed(dataset, manager: SessionManager):
+    _, instances, _ = dataset
+    session = await manager.create(instance_task(instances[0]))
+    await manager.execute(
+        session, "mkdir -p tests/test_issue_bump_patch.py/x && touch tests/test_issue_bump_patch.py/x/y"
+    )
+    assert (await manager.apply_patch(session, instances[0].patch)).exit_code == 0
+    assert (await _submit(manager, session))["resolved"] is True
+
+
+async def test_a_test_patch_that_does_not_apply_fails_every_test_with_a_verdict(dataset, manager: SessionManager):
+    _, instances, _ = dataset
+    task = instance_task(instances[0])
+    assert task.repository is not None
+    broken = (
+        "diff --git a/tests/test_bump.py b/tests/test_bump.py\n--- a/tests/test_bump.py\n+++ b/tests/test_bump.py\n"
+        "@@ -1,2 +1,2 @@\n-a line the file does not have\n+another\n context neither\n"
+    )
+    task = task.model_copy(update={"repository": task.repository.model_copy(update={"test_patch": broken})})
+    session = await manager.create(task)
+    outcome = await manager.run_tests(session, hidden=True)
+    assert outcome.resolution is not None and not outcome.resolution.resolved
+    assert outcome.resolution.fail_to_pass.passed == 0 and "the test patch does not apply" in outcome.output
