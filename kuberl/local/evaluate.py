@@ -20,7 +20,7 @@ from kuberl.api import env_vars
 from kuberl.api.environment import Task
 from kuberl.api.rljob import RLJob
 from kuberl.api.trajectory import FinishReason
-from kuberl.local.processes import Ports, plan
+from kuberl.local.processes import Ports, plan, sandbox_scratch
 from kuberl.local.supervisor import Supervisor
 from kuberl_sandbox.local import free_port
 
@@ -35,7 +35,7 @@ def served_policy_urls(
     """Start one sandbox and one rollout server for `policy` (the learner is not started); returns the
     supervisor (stop it with `stop_all`), the rollout server's URLs and the sandbox root to remove."""
     ports = Ports([free_port()], [free_port()], free_port())
-    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-eval-{job.name}-", dir="/tmp"))
+    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-eval-{job.name}-", dir=sandbox_scratch(job)))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)
     specs = plan(job, job_file, work_dir, policy, ports, token, sandbox_root, os.cpu_count() or 1)

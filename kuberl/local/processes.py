@@ -3,6 +3,7 @@ Pure functions from the job to process specs (argv, env, readiness URL) and to t
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
+from kuberl.api.spec import SWE_BENCH
 from kuberl.swebench.readiness import sandbox_environment
 
 
@@ -36,6 +38,18 @@ def local_replicas(job: RLJob) -> tuple[int, int, int]:
     """(sandboxes, rollout servers, learner ranks) on this machine."""
     spec = job.spec
     return max(1, spec.sandbox.min_replicas), spec.rollout.replicas, spec.learner.replicas
+
+
+MEMORY_SCRATCH = "/dev/shm"
+
+
+def sandbox_scratch(job: RLJob) -> str:
+    """Where `kuberl run` puts its sandbox roots. A job on real repositories unpacks a repository per episode: in
+    memory (tmpfs) that takes a tenth of the time it takes on disk (bench_swe_tasks measures both). Either way the
+    folder is a shared scratch one, and each session gets a private copy of it with the root bind-mounted inside."""
+    if job.spec.environment.name == SWE_BENCH and os.path.isdir(MEMORY_SCRATCH):
+        return MEMORY_SCRATCH
+    return "/tmp"
 
 
 def plan(

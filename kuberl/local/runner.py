@@ -33,7 +33,7 @@ from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
 from kuberl.job_metrics import JobMetrics
 from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import Ports, local_replicas, plan, prometheus_targets
+from kuberl.local.processes import Ports, local_replicas, plan, prometheus_targets, sandbox_scratch
 from kuberl.local.progress import ProgressPrinter, progress_line
 from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
 from kuberl_sandbox.local import free_port
@@ -159,7 +159,7 @@ def run_job(
     record.runs += 1
     spec = job.spec
     token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)  # set: to reach the sandboxes too
-    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir="/tmp"))
+    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir=sandbox_scratch(job)))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     sandboxes, rollouts, _ = local_replicas(job)
     ports = Ports([free_port() for _ in range(sandboxes)], [free_port() for _ in range(rollouts)], free_port())
