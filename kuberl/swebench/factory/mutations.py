@@ -193,7 +193,7 @@ class _Finder(cst.CSTVisitor):
     def visit_If(self, node: cst.If) -> None:
         self._condition(node)
         if isinstance(node.orelse, cst.Else):
-            self._add("drop_else", node, lambda n: n.with_changes(orelse=None))
+            self._add("drop_else", node, lambda n: n.with_changes(orelse=None), node.orelse)
 
     def visit_While(self, node: cst.While) -> None:
         self._condition(node)
