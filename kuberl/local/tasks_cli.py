@@ -131,23 +131,31 @@ def make_command(
 ) -> None:
     """Build SWE-bench-format instances from real Python packages: procedural bugs that their own tests catch,
     the catching tests hidden in `test_patch`, the fix in `patch`."""
-    from kuberl.swebench.factory import DEFAULT_PACKAGES, make_instances
+    from kuberl.swebench.factory import DEFAULT_PACKAGES, FactoryError, make_instances
 
     started = time.monotonic()
-    with click.progressbar(length=1, label="making instances", file=sys.stderr) as bar:
+    try:
+        with click.progressbar(length=1, label="making instances", file=sys.stderr) as bar:
 
-        def progress(done: int, total: int, message: str) -> None:
-            bar.length = max(total, 1)
-            bar.update(done - bar.pos, message)
+            def progress(done: int, total: int, message: str) -> None:
+                bar.length = max(total, 1)
+                bar.update(done - bar.pos, message)
 
-        report = make_instances(
-            list(packages or DEFAULT_PACKAGES),
-            Path(repos),
-            Path(environments),
-            Path(out),
-            per_package=per_package,
-            seed=seed,
-            progress=progress,
-        )
-    click.echo(json.dumps(report.to_json(), indent=2) if hasattr(report, "to_json") else str(report))
-    click.echo(f"wrote {out} in {time.monotonic() - started:.0f} s")
+            report = make_instances(
+                list(packages or DEFAULT_PACKAGES),
+                Path(repos),
+                Path(environments),
+                Path(out),
+                per_package=per_package,
+                seed=seed,
+                progress=progress,
+            )
+    except FactoryError as err:
+        raise click.UsageError(str(err)) from None
+    click.echo(json.dumps(report.to_json(), indent=2))
+    failed = [p for p in report.packages if p.error]
+    for package in failed:
+        click.echo(str(package.error), err=True)  # it names the package
+    click.echo(f"wrote {report.instances} instance(s) to {out} in {time.monotonic() - started:.0f} s")
+    if failed or not report.instances:
+        sys.exit(1)
