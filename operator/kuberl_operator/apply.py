@@ -18,6 +18,7 @@ from kuberl.kube import Kube, object_path
 from kuberl_operator.desired import desired_objects
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.meta import MANAGED_BY, owner_reference
+from kuberl_operator.network_policy import NetworkPeers
 from kuberl_operator.pod import JOB_FILE_KEY
 from kuberl_operator.secret import build_sandbox_token_secret
 from kuberl_operator.security import SandboxPodSecurity
@@ -70,17 +71,19 @@ def apply_children(
     scaled_down: bool,
     new: bool = False,
     security: SandboxPodSecurity | None = None,
+    peers: NetworkPeers | None = None,
 ) -> list[str]:
     """Apply every child; `scaled_down` renders every tier with zero replicas (suspended or finished jobs).
     A `new` job's children are applied without reading first (half the requests when a thousand jobs arrive
-    at once; an apply creates what is missing). `security` is what the cluster lets sandbox pods use (the
-    operator's configuration). Returns 'Kind/name' of what was written."""
+    at once; an apply creates what is missing). `security` is what the cluster lets sandbox pods use and
+    `peers` who outside the job its NetworkPolicies admit (the operator's configuration). Returns
+    'Kind/name' of what was written."""
     if scaled_down:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     owner = owner_reference(job, uid)
     written = []
     secret = build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32))
-    for obj in [secret, *desired_objects(job, namespace, owner=owner, security=security)]:
+    for obj in [secret, *desired_objects(job, namespace, owner=owner, security=security, peers=peers)]:
         if obj["kind"] in CREATE_ONLY:
             if _create(kube, obj) is None:
                 continue  # it exists: never written again

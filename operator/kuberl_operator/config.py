@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kuberl.api import env_vars
+from kuberl_operator.network_policy import NetworkPeers
 from kuberl_operator.security import SandboxPodSecurity
 
 
@@ -30,6 +31,8 @@ class OperatorConfig:
     """Server-side timeout of every watch request: a watch that silently stops is kopf's known failure."""
     sandbox_security: SandboxPodSecurity = field(default_factory=SandboxPodSecurity)
     """What the cluster lets sandbox pods use."""
+    network_peers: NetworkPeers = field(default_factory=NetworkPeers)
+    """Who outside a job its NetworkPolicies admit: the operator itself, and Prometheus."""
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> OperatorConfig:
@@ -43,4 +46,5 @@ class OperatorConfig:
             workers=int(env.get(env_vars.OPERATOR_WORKERS, default.workers)),
             watch_server_timeout_s=int(env.get(env_vars.WATCH_SERVER_TIMEOUT, default.watch_server_timeout_s)),
             sandbox_security=SandboxPodSecurity.from_env(env),
+            network_peers=NetworkPeers.from_env(env),
         )

@@ -12,7 +12,12 @@ from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.learner import build_learner_service, build_learner_statefulset
 from kuberl_operator.meta import TIER_LABEL
-from kuberl_operator.network_policy import build_sandbox_network_policy
+from kuberl_operator.network_policy import (
+    NetworkPeers,
+    build_learner_network_policy,
+    build_rollout_network_policy,
+    build_sandbox_network_policy,
+)
 from kuberl_operator.queueing import build_workload
 from kuberl_operator.rbac import build_role, build_role_binding, build_service_account
 from kuberl_operator.rollout import build_rollout_service, build_rollout_statefulset
@@ -36,11 +41,13 @@ def desired_objects(
     owner: dict[str, Any] | None,
     sandbox_token_secret: str | None = None,
     security: SandboxPodSecurity | None = None,
+    peers: NetworkPeers | None = None,
 ) -> list[dict[str, Any]]:
-    """All children, ordered so that each exists before what needs it: identity and config first, the
-    sandbox NetworkPolicy before any sandbox pod (untrusted code never runs unfenced), Services before
-    the workloads that resolve them, the learner last (it waits on rollout servers). `security`: see
-    build_sandbox_deployment."""
+    """All children, ordered so that each exists before what needs it: identity and config first, every
+    tier's NetworkPolicy before any of its pods (untrusted code never runs unfenced, and no job's servers
+    are open to other tenants even for a moment), Services before the workloads that resolve them, the
+    learner last (it waits on rollout servers). `security`: see build_sandbox_deployment; `peers`: who
+    outside the job the policies admit (NetworkPeers)."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
     workloads = [
         build_sandbox_deployment(job, namespace, owner, secret, security),
@@ -58,7 +65,9 @@ def desired_objects(
         build_role(job, namespace, owner),
         build_role_binding(job, namespace, owner),
         build_config_map(job, namespace, owner),
-        build_sandbox_network_policy(job, namespace, owner),
+        build_sandbox_network_policy(job, namespace, owner, peers),
+        build_rollout_network_policy(job, namespace, owner, peers),
+        build_learner_network_policy(job, namespace, owner, peers),
         build_sandbox_service(job, namespace, owner),
         build_rollout_service(job, namespace, owner),
         build_learner_service(job, namespace, owner),

@@ -128,7 +128,14 @@ def _apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, new: bo
         return
     with _lock(body):
         written = reconcile.apply_job(
-            kube(), dict(body), _now(), post, new=new, security=config.sandbox_security, first_try=first_try
+            kube(),
+            dict(body),
+            _now(),
+            post,
+            new=new,
+            security=config.sandbox_security,
+            first_try=first_try,
+            peers=config.network_peers,
         )
     if written:
         logger.info("applied %s", ", ".join(written))
@@ -154,7 +161,9 @@ def observe(
     with metrics.timed("observe"), _lock(body):
         nodes = {name: info for name, (info, *_) in kwargs.get("nodes_by_name", {}).items()}
         post = _poster(body, logger)
-        status = reconcile.drive(kube(), dict(body), pods, memory, _now(), post, nodes, config.sandbox_security)
+        status = reconcile.drive(
+            kube(), dict(body), pods, memory, _now(), post, nodes, config.sandbox_security, config.network_peers
+        )
         clock = time.monotonic()
         if (
             wanted := reconcile.autoscale_sandbox(

@@ -31,6 +31,7 @@ from kuberl_operator.lifecycle import (
     should_write,
 )
 from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, QUEUE, SANDBOX, TIER_LABEL, child_name
+from kuberl_operator.network_policy import NetworkPeers
 from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier, learner_stop, tier_states
 from kuberl_operator.security import SandboxPodSecurity
 
@@ -167,10 +168,11 @@ def apply_job(
     new: bool = False,
     security: SandboxPodSecurity | None = None,
     first_try: bool = False,
+    peers: NetworkPeers | None = None,
 ) -> list[str]:
     """Apply the children unless the spec change is unsafe for a started job; then say why in a condition.
     A `new` job (the create handler) has no applied spec to compare with yet. `security`: what the cluster
-    lets sandbox pods use.
+    lets sandbox pods use; `peers`: who outside the job its NetworkPolicies admit.
 
     The job is read afresh first: the phase decides the replicas, and a stale one would undo a scale-down.
     Not on a new job's `first_try`: until its children exist the state machine can only have moved it to
@@ -201,7 +203,8 @@ def apply_job(
     if refused:
         return []
     scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES or admission(kube, job, namespace) is False
-    return apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down, new=new, security=security)
+    uid = body["metadata"]["uid"]
+    return apply_children(kube, job, namespace, uid, scaled_down, new=new, security=security, peers=peers)
 
 
 def drive(
@@ -213,6 +216,7 @@ def drive(
     post: PostEvent,
     nodes: Mapping[str, NodeCapacity] | None = None,
     security: SandboxPodSecurity | None = None,
+    peers: NetworkPeers | None = None,
 ) -> RLJobStatus:
     """One observation of a job and its pods (from the operator's pod index, not a list per job): run the
     state machine, act, post events, write the status.
@@ -235,7 +239,7 @@ def drive(
         return old
     job = parse_job(body)
     for action in decision.actions:
-        _act(kube, body, job, pods, action, security)
+        _act(kube, body, job, pods, action, security, peers)
     if should_write(old, decision.status, observed):
         write_status(kube, body, old, decision.status)
         memory.metered_at = now
@@ -340,19 +344,20 @@ def _act(
     pods: list[dict[str, Any]],
     action: Action,
     security: SandboxPodSecurity | None,
+    peers: NetworkPeers | None,
 ) -> None:
     namespace = body["metadata"]["namespace"]
     collection = collection_path("v1", "Pod", namespace)
     if action.kind == ActionKind.SCALE_TO_ZERO:
         # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
-        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True, security=security)
+        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True, security=security, peers=peers)
     elif action.kind == ActionKind.RESTART_LEARNER_GANG:
         # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
         for pod in pods:
             if (pod["metadata"].get("labels") or {}).get(TIER_LABEL) == LEARNER:
                 kube.delete(f"{collection}/{pod['metadata']['name']}")
     elif action.kind == ActionKind.APPLY:
-        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False, security=security)
+        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False, security=security, peers=peers)
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
             kube.delete(f"{collection}/{name}")

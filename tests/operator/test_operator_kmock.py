@@ -38,6 +38,8 @@ CHILDREN = [  # (collection, name suffix) of every object the operator applies
     (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings", "learner"),
     (CONFIGMAPS, "config"),
     (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", "sandbox"),
+    (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", "rollout"),
+    (f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies", "learner"),
     (f"/api/v1/namespaces/{NS}/services", "sandbox"),
     (f"/api/v1/namespaces/{NS}/services", "rollout"),
     (f"/api/v1/namespaces/{NS}/services", "learner"),
