@@ -1,8 +1,9 @@
 """The sandbox demand the rollout tier reports: its pods' Prometheus metrics, scraped by the operator and
 summed into the autoscaler's input (kuberl_operator.autoscale.SandboxDemand).
 
-Read from the rollout pods, not the sandbox pods: the sandbox NetworkPolicy admits only the job's rollout
-pods, and the demand that matters (episodes queued for a session) exists only on the rollout side.
+Read from the rollout pods, not the sandbox pods: the sandbox NetworkPolicy does not admit the operator
+(the rollout one does), and the demand that matters (episodes queued for a session) exists only on the
+rollout side.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from kuberl.crd import GROUP, PLURAL
 from kuberl.kube import collection_path
 from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects
-from kuberl_operator.meta import JOB_LABEL, MANAGED_BY, TIER_LABEL
+from kuberl_operator.meta import JOB_LABEL, MANAGED_BY, ROLLOUT, TIER_LABEL
+from kuberl_operator.network_policy import NetworkPeers, build_rollout_network_policy
 from kuberl_operator.rbac import role_rules
 from kuberl_operator.sandbox import build_sandbox_deployment
 from kuberl_operator.security import SandboxPodSecurity
@@ -202,6 +203,7 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
     dashboards = len(list((CHART / "files" / "dashboards").glob("*.json")))
     monitoring = ["ServiceMonitor", "PodMonitor", "PrometheusRule"] + ["ConfigMap"] * dashboards
     base = ["CustomResourceDefinition", "ServiceAccount", "Deployment", "Service", *monitoring]
+    base += ["NetworkPolicy"] * 2  # networkPolicy.defaultDeny: the namespace's default deny, the metrics one
     assert kinds(all_on) == sorted([*base, "ClusterRole", "ClusterRoleBinding"] + ["Role", "RoleBinding"] * 2)
     assert kinds(all_on_cluster_wide) == sorted(base + ["ClusterRole", "ClusterRoleBinding"] * 2)
 
@@ -220,6 +222,8 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
         (["--set", "podMonitor.tiers={learner,gateway}"], "podMonitor.tiers.1"),
         (["--set", "podLabels.app\\.kubernetes\\.io/component=x"], "podLabels"),
         (["--set", "operator.sandboxAppArmorProfile=docker-default"], "operator.sandboxAppArmorProfile"),
+        (["--set", "networkPolicy.monitoringNamespace=Monitoring"], "networkPolicy.monitoringNamespace"),
+        (["--set", "networkPolicy.defaultDeny=yes"], "networkPolicy.defaultDeny"),
     ],
     ids=[
         "two-replicas",
@@ -232,6 +236,8 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
         "unknown-tier",
         "selector-label",
         "apparmor-notation",
+        "bad-monitoring-namespace",
+        "string-default-deny",
     ],
 )
 def test_wrong_values_are_rejected_naming_the_value(values, named):
@@ -432,6 +438,64 @@ def test_the_operator_holds_every_permission_of_the_learner_roles_it_creates(def
             for resource in rule["resources"]:
                 assert set(rule["verbs"]) <= granted[group, resource], (group, resource)
     assert (GROUP, PLURAL) in granted
+
+
+# ------------------------------------------------------------------------------ network policies
+def test_the_namespace_default_deny_renders_only_when_turned_on(default, all_on):
+    assert of_kind(default, "NetworkPolicy") == []
+    policies = {p["metadata"]["name"]: p for p in of_kind(all_on, "NetworkPolicy")}
+    assert set(policies) == {"kuberl-default-deny", "kuberl-metrics"}
+    assert all(p["metadata"]["namespace"] == NAMESPACE for p in policies.values())
+    # every pod of the namespace, ingress only, no rule: nothing gets in that another policy does not admit
+    assert policies["kuberl-default-deny"]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+
+
+def test_with_default_deny_prometheus_still_reaches_the_operator_metrics_port_only(all_on):
+    metrics = next(p for p in of_kind(all_on, "NetworkPolicy") if p["metadata"]["name"] == "kuberl-metrics")
+    operator_pod = one(all_on, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert metrics["spec"]["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    assert metrics["spec"]["podSelector"] == one(all_on, "Deployment")["spec"]["selector"]
+    ports = {p["name"]: p["containerPort"] for p in operator_container(all_on)["ports"]}
+    assert metrics["spec"]["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": ports["http-metrics"]}],
+        }
+    ]
+
+
+def test_without_a_monitoring_namespace_default_deny_admits_nothing():
+    objects = render("--set", "networkPolicy.defaultDeny=true", "--set", "networkPolicy.monitoringNamespace=")
+    [policy] = of_kind(objects, "NetworkPolicy")
+    assert policy["metadata"]["name"] == "kuberl-default-deny"
+    env = {e["name"]: e["value"] for e in operator_container(objects)["env"]}
+    assert env["KUBERL_OPERATOR_MONITORING_NAMESPACE"] == ""
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], ["--set", "nameOverride=rl", "--set", "fullnameOverride=ops", "--set", "podLabels.team=x"]],
+    ids=["default", "overridden-names"],
+)
+def test_the_jobs_rollout_pods_admit_the_operator_as_the_chart_deploys_it(values):
+    # the chart's env, read as the operator reads it, names the namespace and the Prometheus namespace the jobs'
+    # policies admit; the operator pod's labels satisfy the rollout policy's peer whatever the names
+    objects = render(*values, "--set", "networkPolicy.monitoringNamespace=prom")
+    env = {e["name"]: e["value"] for e in operator_container(objects)["env"]}
+    peers = NetworkPeers.from_env(env)
+    assert peers == NetworkPeers(operator_namespace=NAMESPACE, monitoring_namespace="prom")
+    job = load_rljob(str(REPO / "examples" / "swe-toy.yaml"))
+    policy = build_rollout_network_policy(job, "team", None, peers)
+    [operator_peer] = [p for r in policy["spec"]["ingress"] for p in r["from"] if "podSelector" in p and len(p) == 2]
+    assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    operator_pod = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    # ... and no job pod carries them (job pods' component label is their tier)
+    for obj in job_objects():
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert not operator_peer["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["metadata"]["labels"][TIER_LABEL] == ROLLOUT
 
 
 # ------------------------------------------------------------------------------ monitoring
