@@ -1,15 +1,17 @@
 """Run one command of a session: its own user, namespaces and process group, rlimits, a wall clock,
 an output cap, and nothing of it left alive afterwards.
 
-Isolated mode (the server runs as root): each command runs through `unshare` in fresh mount, PID and IPC
-namespaces with a /proc of its own, so it sees no process of another session. The shell is PID 1 of the PID
-namespace, so when it exits, or when the server kills it, the kernel kills everything the command started
-(setsid daemons included) and reaps it: no process, and no zombie counting against RLIMIT_NPROC, outlives the
-command. Still root inside the namespaces, a small script mounts the session's own /tmp, /var/tmp, /dev/shm and
-/run/lock over the host's (folders in the session's folder: they last as long as the session, and no other
-session ever sees them), then `setpriv` drops to the session's unprivileged uid with no supplementary groups
-and no_new_privs (no setuid binary can raise it again) and runs the command. Mounts are private to the
-namespace: nothing propagates back to the host.
+Isolated mode (the server runs as root, with no capability beyond SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER
+and KILL): each command drops to the session's unprivileged uid with no supplementary groups and no_new_privs,
+joins the session's own user and network namespaces (made once per session, session_network.py: only the
+session's loopback, or a guarded way out), and makes fresh mount, PID and IPC namespaces inside, with a /proc of
+its own, so it sees no process of another session. The shell is PID 1 of the PID namespace, so when it exits,
+or when the server kills it, the kernel kills everything the command started (setsid daemons included) and
+reaps it: no process outlives the command. As root of the session's user namespace (which is the session's uid
+outside it), a small script mounts the session's own /tmp, /var/tmp, /dev/shm and /run/lock over the host's
+and an empty read-only folder over each folder of the server's installation and task store; then the command
+runs in a user namespace nested inside, as the session's uid, without capabilities over those mounts or the
+network. Mounts are private to the namespace: nothing propagates back to the host.
 Without root, commands run as the server's user in their own process group (development only).
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import shlex
 import shutil
@@ -28,27 +29,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kuberl_sandbox.session_network import PRLIMIT, UNSHARE, SessionNetwork, as_user, join_argv
 from kuberl_sandbox.settings import CommandLimits
 
 _READ_CHUNK = 1 << 16
 _DRAIN_GRACE_S = 0.05
 _STOP_GRACE_S = 2.0
-UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
-PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 MOUNT = shutil.which("mount") or "/usr/bin/mount"
-log = logging.getLogger("kuberl.sandbox")
 
 SHARED_SCRATCH: dict[str, str] = {"/tmp": "tmp", "/var/tmp": "var-tmp", "/dev/shm": "dev-shm", "/run/lock": "run-lock"}
 """The host's world-writable scratch folders, each with the name of the session's own copy in its private folder."""
 FSTAB = "fstab"
-"""In a session's private folder: what each of its commands mounts (`mount --all --fstab`: one process for all)."""
+"""Beside a session's private folder, in its root-owned home: what each of its commands mounts (`mount --all
+--fstab`: one process for all). Readable, never writable, by the session: the covers over hidden folders are in
+it."""
+HIDDEN_OPTIONS = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
+"""What covers a hidden folder: an empty file system nothing can be written to or run from."""
 WRAPPER_FAILED = 125
 """Exit status when the private mounts fail (as `env` and `chroot` use it: the wrapper, not the command)."""
 
-# Run by root as PID 1 of the new namespaces: the session's scratch folders over the host's ($0 is the fstab;
-# stdout to /dev/null for mount's hints, errors still reach the output), then `exec` the rest of the argv
-# (setpriv, then the command's shell), which stays PID 1. The command is an argv element, never part of this.
+# Run by the session's namespace root as PID 1 of the new namespaces: the session's scratch folders over the host's
+# and the hidden folders ($0 is the fstab; stdout to /dev/null for mount's hints, errors still reach the output),
+# then `exec` the rest of the argv (the nested user namespace, then the command's shell), which stays PID 1. The
+# command is an argv element, never part of this.
 _MOUNT_SCRIPT = f'{shlex.quote(MOUNT)} --no-mtab --all --fstab "$0" >/dev/null || exit {WRAPPER_FAILED}; exec "$@"'
 
 
@@ -61,6 +64,8 @@ class Identity:
     isolated: bool
     private: Path | None = None
     """Isolated only: the session's private folder (see `make_private_root`), an absolute path."""
+    namespaces: int | None = None
+    """Isolated only: the pid of the process holding the session's user and network namespaces."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,8 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
         return rlimits + shell
     if identity.private is None or not identity.private.is_absolute():
         raise ValueError("an isolated command needs the absolute path of its session's private folder")
+    if identity.namespaces is None:
+        raise ValueError("an isolated command needs its session's namespaces")
     # --propagation private: no mount made inside reaches the host (or another session), none of theirs comes in.
     # --mount-proc: a /proc of the new PID namespace, so other sessions' processes are not even listed.
     # --ipc: SysV shared memory, semaphores and message queues of the command's own, gone with it.
@@ -193,20 +200,30 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
         "--mount-proc",
         "--",
     ]
-    mounts = ["/bin/sh", "-c", _MOUNT_SCRIPT, str(identity.private / FSTAB)]
-    # --clear-groups: root's supplementary groups must not reach the command; --no-new-privs: no setuid or
-    # file-capability binary can raise the command's privileges again.
-    drop = [SETPRIV, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups", "--no-new-privs", "--"]
-    return [*rlimits, *namespaces, *mounts, *drop, *shell]
+    mounts = ["/bin/sh", "-c", _MOUNT_SCRIPT, str(fstab_of(identity.private))]
+    # The command's own user namespace inside the session's, its uid the session's: no capability over the
+    # mounts above or the session's network (its firewall, its interfaces) survives into the command.
+    nested = [UNSHARE, "--user", f"--map-user={identity.uid}", f"--map-group={identity.gid}", "--"]
+    user = as_user(identity.uid, identity.gid)
+    return [*rlimits, *user, *join_argv(identity.namespaces), *namespaces, *mounts, *nested, *shell]
 
 
-def make_private_root(private: Path, visible: Path, shared: tuple[Path, ...] = ()) -> None:
+def make_private_root(
+    private: Path,
+    visible: Path,
+    shared: tuple[Path, ...] = (),
+    hidden: tuple[Path, ...] = (),
+    owner: tuple[int, int] | None = None,
+) -> None:
     """Make a session's private folder: one scratch folder per shared one of the host (`SHARED_SCRATCH`),
-    and the fstab with which each command mounts them over the host's in its own mount namespace.
+    and the fstab with which each command mounts them over the host's in its own mount namespace, then an empty
+    read-only file system over each of the `hidden` folders.
 
-    `private` is root's and 0700: only root, mounting, ever reaches the folders through it, so no other session
-    can, even knowing the path. The scratch folders are root's and 1777 like the host's own (programs that check
-    /tmp see what they expect; the sticky bit keeps the mount points below safe from the session's user).
+    `private` is 0700 and the session's (`owner`): the session's namespace root mounts through it, no other
+    session can reach it, even knowing the path. The fstab (beside it, `fstab_of`: its parent must be root's and
+    not writable by the session) and the scratch folders are root's, those 1777 like
+    the host's own (programs that check /tmp see what they expect; the sticky bit keeps the mount points below
+    safe from the session's user).
     `visible` (the sandbox root: workspaces, scoring copies, the `python` shim) must stay reachable at its own
     path, and in local runs it lies under /tmp: it is then bind-mounted onto a mount point at the same place
     inside the private /tmp first. `private` must lie inside `visible` (its paths then resolve after every mount).
@@ -217,6 +234,8 @@ def make_private_root(private: Path, visible: Path, shared: tuple[Path, ...] = (
         raise ValueError(f"private folder {private} is not inside {visible}")
     private.mkdir(mode=0o700)
     os.chmod(private, 0o700)  # whatever the umask
+    if owner is not None:
+        os.chown(private, *owner)
     first, then = [], []
     for target, name in _scratch_targets():
         own = private / name
@@ -231,9 +250,14 @@ def make_private_root(private: Path, visible: Path, shared: tuple[Path, ...] = (
                 first.append(_fstab_line(folder, _mount_point(own, folder.relative_to(target)), "bind"))
         # rbind: the copy of `visible` mounted inside comes along
         then.append(_fstab_line(own, target, "rbind"))
-    fstab = private / FSTAB
-    fstab.write_text("".join(first + then))
-    os.chmod(fstab, 0o600)
+    covers = [f"tmpfs {_fstab_escape(folder)} tmpfs {HIDDEN_OPTIONS} 0 0\n" for folder in hidden]
+    fstab = fstab_of(private)
+    fstab.write_text("".join(first + then + covers))
+    os.chmod(fstab, 0o644)  # read by the session's namespace root, which is the session's uid
+
+
+def fstab_of(private: Path) -> Path:
+    return private.parent / FSTAB
 
 
 def _scratch_targets() -> list[tuple[Path, str]]:
@@ -267,29 +291,33 @@ def _fstab_escape(path: Path) -> str:
     return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(path))
 
 
-def namespaces_available(uid: int) -> bool:
-    """Whether this process can run commands as `command_argv` builds them (root with CAP_SYS_ADMIN, CAP_SETUID
-    and CAP_SETGID, util-linux unshare, mount and setpriv, mounts not denied by a security module): the whole
-    argv is tried, with a private folder of its own under the temp dir."""
+def namespaces_available(uid: int) -> str | None:
+    """Why this process cannot run commands as `command_argv` builds them, or None when it can: root with
+    CAP_SETUID and CAP_SETGID, unprivileged user namespaces allowed (no sysctl, seccomp or AppArmor rule
+    against them or against mount), util-linux unshare, nsenter, mount and setpriv, and iproute2. The whole
+    argv is tried, in namespaces of its own, with a private folder under the temp dir."""
     if os.geteuid() != 0:
-        return False
+        return "the server does not run as root (it needs CAP_SETUID and CAP_SETGID to give sessions their uids)"
     probe = Path(tempfile.mkdtemp(prefix="kuberl-sandbox-probe-"))
+    network = None
     try:
         os.chmod(probe, 0o711)
-        make_private_root(probe / "private", visible=probe)
-        identity = Identity(uid=uid, gid=uid, isolated=True, private=probe / "private")
+        make_private_root(probe / "private", visible=probe, owner=(uid, uid))
+        network = SessionNetwork.open(uid, uid, CommandLimits().max_processes, egress=False)
+        identity = Identity(uid=uid, gid=uid, isolated=True, private=probe / "private", namespaces=network.pid)
         result = subprocess.run(
             command_argv("true", identity, CommandLimits()), capture_output=True, timeout=10, cwd="/"
         )
-    except (OSError, ValueError, subprocess.SubprocessError) as err:
-        log.warning("cannot run commands in namespaces: %s", err)
-        return False
+    except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as err:
+        return str(err)
     finally:
+        if network is not None:
+            network.close()
         shutil.rmtree(probe, ignore_errors=True)
     if result.returncode != 0:
         output = (result.stdout + result.stderr).decode(errors="replace").strip()
-        log.warning("cannot run commands in namespaces (exit %s): %s", result.returncode, output[-2000:])
-    return result.returncode == 0
+        return f"a command in the session's namespaces failed (exit {result.returncode}): {output[-500:]}"
+    return None
 
 
 async def _stop(proc: asyncio.subprocess.Process, identity: Identity, exited: asyncio.Task[None]) -> None:

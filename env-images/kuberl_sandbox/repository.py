@@ -25,8 +25,8 @@ from kuberl.swebench import environments
 from kuberl.swebench.mirror import CommitTree, MirrorError, commit_tree
 from kuberl_sandbox import hardened
 from kuberl_sandbox import workspace as ws
-from kuberl_sandbox.execution import SETPRIV
 from kuberl_sandbox.rights import Owner, session_rights
+from kuberl_sandbox.session_network import SETPRIV
 from kuberl_sandbox.settings import SandboxSettings
 
 CONFIG_FILES = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")

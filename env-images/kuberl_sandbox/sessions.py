@@ -26,12 +26,20 @@ from kuberl.api.environment import Snapshot, Task
 from kuberl.api.tampering import TamperingReason
 from kuberl.errors import ServiceError
 from kuberl.swebench import pytest_report
-from kuberl_sandbox import hardened, oracle, repository, snapshots, uids
+from kuberl_sandbox import hardened, installation, oracle, repository, snapshots, uids
 from kuberl_sandbox import workspace as ws
-from kuberl_sandbox.execution import CommandResult, Identity, make_private_root, namespaces_available, run_command
+from kuberl_sandbox.execution import (
+    SHARED_SCRATCH,
+    CommandResult,
+    Identity,
+    make_private_root,
+    namespaces_available,
+    run_command,
+)
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.outcome_cache import OutcomeCache, task_digest
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
+from kuberl_sandbox.session_network import NetworkUnavailable, SessionNetwork, host_addresses
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
 from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, new_nonce, split_report
 
@@ -39,20 +47,20 @@ HIDDEN_DIR = "hidden"
 REPOSITORY_TEST_OUTPUT = 4 << 20
 """Output a repository's test run may print before it is killed (its report comes last)."""
 RM = shutil.which("rm") or "/bin/rm"
-PRIVATE_DIR = "private"  # root's 0700: the session's own /tmp, /var/tmp, /dev/shm and /run/lock (isolated only)
+PRIVATE_DIR = "private"  # the session's 0700: its own /tmp, /var/tmp, /dev/shm and /run/lock (isolated only)
 T = TypeVar("T")
 log = logging.getLogger("kuberl.sandbox")
 
 
-def isolation_problem(settings: SandboxSettings, isolated: bool) -> str | None:
-    """Why this server must not start, if sessions cannot be isolated and that was not allowed."""
-    if isolated or settings.allow_shared_user:
+def isolation_problem(settings: SandboxSettings, why: str | None) -> str | None:
+    """Why this server must not start (one line), if sessions cannot be isolated and that was not allowed."""
+    if why is None or settings.allow_shared_user:
         return None
     return (
-        "cannot give sessions users and namespaces of their own (needs root with CAP_SETUID, CAP_SETGID, "
-        "CAP_SYS_ADMIN and CAP_DAC_OVERRIDE, mount allowed by AppArmor, and util-linux unshare, setpriv and mount); "
-        "refusing to run agent code unisolated. "
-        "For development only, set KUBERL_SANDBOX_ALLOW_SHARED_USER=1."
+        f"sandbox: cannot isolate sessions: {' '.join(why.split())}. Sessions need unprivileged user namespaces "
+        "(user.max_user_namespaces > 0; no seccomp or AppArmor profile denying unshare or mount) and a root "
+        "server with CAP_SETUID and CAP_SETGID; refusing to run agent code unisolated "
+        "(development only: KUBERL_SANDBOX_ALLOW_SHARED_USER=1)."
     )
 
 
@@ -98,6 +106,8 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     checkout: repository.Checkout | None = None
     """Tasks on a repository: the base commit's tree and the prepared environment."""
+    network: SessionNetwork | None = None
+    """Isolated only: the processes holding the session's user and network namespaces."""
 
     @property
     def workspace(self) -> Path:
@@ -123,6 +133,8 @@ class SessionManager:
         self._running: dict[tuple[str, bool, str], asyncio.Future[TestOutcome | None]] = {}
         """Test runs under way by key: a run with the same key waits for their outcome instead of starting."""
         self._bin = settings.root / ".bin"
+        self._blocked: list[str] = []
+        """Egress allowed: the host's own addresses, which sessions must not reach (read once, at start)."""
 
     # ------------------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -143,14 +155,16 @@ class SessionManager:
             # The file tools switch their thread's file uid and gid to the session's; the supplementary groups
             # are the process's and are not switched, so root drops its own (it needs none).
             drop_supplementary_groups()
-        self.isolated = namespaces_available(self._uid_block.first if self._uid_block else self.settings.uid_base)
+        why = namespaces_available(self._uid_block.first if self._uid_block else self.settings.uid_base)
+        self.isolated = why is None
         if not self.isolated and self._uid_block:
             self._uid_block.release()
             self._uid_block = None
-        if problem := isolation_problem(self.settings, self.isolated):
+        if problem := isolation_problem(self.settings, why):
             raise RuntimeError(problem)
         if not self.isolated:
-            log.warning("sandbox is NOT isolated: sessions share one user; development only")
+            log.warning("sandbox is NOT isolated (%s): sessions share one user and network; development only", why)
+        self._blocked = host_addresses() if self.settings.egress else []
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)
         for parent in root.resolve().parents:
@@ -167,6 +181,7 @@ class SessionManager:
     async def create(self, task: Task, timeout_s: float | None = None) -> Session:
         """A new session whose workspace holds the task's files."""
         session = self._new_session(task, timeout_s)
+        await self._open_network(session)
         try:
             if session.checkout is not None:
                 await asyncio.to_thread(repository.unpack, session.checkout.tree, session.workspace, session.owner)
@@ -187,6 +202,7 @@ class SessionManager:
         ):
             raise SessionError(403, "the snapshot's MAC does not match: only this job's sandbox servers make snapshots")
         session = self._new_session(task, None)
+        await self._open_network(session)
         try:
             # archives can be large: unpack off the event loop so other sessions keep being served
             await asyncio.to_thread(
@@ -208,6 +224,25 @@ class SessionManager:
         session.actions = list(snapshot.actions)
         self._register(session)
         return session
+
+    async def _open_network(self, session: Session) -> None:
+        """Start the holder of the session's user and network namespaces (isolated only); 503 if it cannot be."""
+        if not session.identity.isolated:
+            return
+        identity, settings = session.identity, self.settings
+        try:
+            session.network = await asyncio.to_thread(
+                SessionNetwork.open,
+                identity.uid,
+                identity.gid,
+                settings.limits.max_processes,
+                settings.egress,
+                self._blocked,
+            )
+        except (NetworkUnavailable, OSError) as err:
+            await asyncio.to_thread(self._remove, session)
+            raise SessionError(503, f"the session's network could not be made: {err}") from None
+        session.identity = replace(identity, namespaces=session.network.pid)
 
     async def snapshot(self, session: Session) -> Snapshot:
         """The session's workspace, archived and sealed (under its lock: no command changes it meanwhile)."""
@@ -547,8 +582,17 @@ class SessionManager:
                 os.chown(home / sub, *session.owner)
         if identity.private:
             shared = (checkout.environment.folder,) if checkout is not None else ()
-            make_private_root(identity.private, visible=self.settings.root, shared=shared)
+            hidden = tuple(self._hidden_folders(shared))
+            make_private_root(identity.private, self.settings.root, shared, hidden, (identity.uid, identity.gid))
         return session
+
+    def _hidden_folders(self, shared: tuple[Path, ...]) -> list[Path]:
+        """The server's installation and the job's task store, but what sessions need (installation.py)."""
+        settings = self.settings
+        keep = [settings.root, Path(settings.python), *shared]
+        keep += [folder for folder in (settings.repos, settings.environments) if folder is not None]
+        roots = [*installation.installation_folders(), *settings.hidden]
+        return installation.folders_to_cover(roots, keep, invisible=[Path(p) for p in SHARED_SCRATCH])
 
     def _register(self, session: Session) -> None:
         self.sessions[session.session_id] = session
@@ -556,9 +600,12 @@ class SessionManager:
         self.metrics.sessions_created.inc()
 
     def _remove(self, session: Session) -> None:
-        """Delete the session's folder. As root (the session's user may have made folders it cannot
-        enter), by GNU `rm`, which walks by descriptors without following links, stays on this file system,
-        and, unlike `shutil.rmtree`, has no recursion limit (a command can nest thousands of folders)."""
+        """End the session's namespaces, then delete its folder. As root (the session's user may have made
+        folders it cannot enter), by GNU `rm`, which walks by descriptors without following links, stays on this
+        file system, and, unlike `shutil.rmtree`, has no recursion limit (a command can nest thousands of
+        folders)."""
+        if session.network is not None:
+            session.network.close()
         subprocess.run([RM, "-rf", "--one-file-system", "--", str(session.home)], capture_output=True, check=False)
 
     @staticmethod

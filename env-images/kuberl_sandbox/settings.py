@@ -79,6 +79,11 @@ class SandboxSettings:
     tasks are refused."""
     environments: Path | None = None
     """Prepared environments of those tasks (`kuberl tasks prepare`), shared read-only by their sessions."""
+    egress: bool = False
+    """Sessions reach out through a guarded user-mode network stack (session_network.py); else only their own
+    loopback."""
+    hidden: tuple[Path, ...] = ()
+    """Folders sessions must not see beside the server's own installation (installation.py): a task store."""
 
     @staticmethod
     def from_env(root: str | None = None, token: str | None = None) -> SandboxSettings:
@@ -91,6 +96,10 @@ class SandboxSettings:
         shared = os.environ.get(env_vars.SANDBOX_ALLOW_SHARED_USER, "") in ("1", "true", "yes")
         advertise = os.environ.get(ADVERTISE_ENV) or None
         repos, environments = (os.environ.get(name) for name in (env_vars.SANDBOX_REPOS, env_vars.SANDBOX_ENVIRONMENTS))
+        egress = os.environ.get(env_vars.SANDBOX_EGRESS, "deny").strip().lower()
+        if egress not in ("allow", "deny"):
+            raise ValueError(f"{env_vars.SANDBOX_EGRESS}={egress!r}: expected allow or deny")
+        hidden = tuple(Path(p) for p in os.environ.get(env_vars.SANDBOX_HIDDEN, "").split(":") if p)
         return SandboxSettings(
             root=root_path,
             token=token,
@@ -99,6 +108,8 @@ class SandboxSettings:
             advertise_url=advertise,
             repos=Path(repos) if repos else None,
             environments=Path(environments) if environments else None,
+            egress=egress == "allow",
+            hidden=hidden,
         )
 
 

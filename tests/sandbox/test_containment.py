@@ -3,6 +3,7 @@ nothing of the session is left running, and a bystander session is untouched."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import httpx
@@ -36,8 +37,18 @@ def run(http: httpx.Client, sid: str, command: str, timeout: float = 5) -> dict:
 
 
 def processes_of(uid: int) -> list[str]:
+    """Processes of `uid` started by its commands: every command runs in a PID namespace of its own. (The
+    session's namespace holder runs as its uid too, in the host's PID namespace, until the session closes.)"""
     out = subprocess.run(["ps", "-u", str(uid), "-o", "pid=,stat=,cmd="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    ours = os.readlink("/proc/self/ns/pid")
+    return [line for line in out.splitlines() if line.strip() and _pid_namespace(line.split()[0]) != ours]
+
+
+def _pid_namespace(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None  # gone meanwhile
 
 
 @pytest.fixture

@@ -1,0 +1,225 @@
+"""Each session's own user and network namespaces, made once when the session opens, with no privilege.
+
+A small holder process, started as the session's uid, makes an unprivileged user namespace (its root mapped to
+that uid) with a network namespace inside and waits; every command of the session joins both (execution.py),
+so nothing but the session's own loopback is reachable: not the host's listeners, not its address, not abstract
+unix sockets of the host (they belong to a network namespace), not the sandbox server itself. The holder exits
+when the server closes its stdin: at session close, or when the server dies (the kernel closes the pipe).
+
+With egress allowed, `slirp4netns` (a user-mode network stack from the distribution, run as the session's uid)
+gives the namespace a route out through the server's own sockets; an nftables table in the namespace, set by the
+holder's root before any command runs, rejects the host's own addresses, the stack's gateway (the host's
+loopback), link-local addresses and cloud metadata endpoints. Commands run in a user namespace nested in the
+holder's, without capabilities in it, so they can neither change those rules nor take the interface down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
+IP = shutil.which("ip") or "/usr/sbin/ip"
+NFT = shutil.which("nft") or "/usr/sbin/nft"
+SLIRP4NETNS = shutil.which("slirp4netns") or "/usr/bin/slirp4netns"
+
+READY = b"ready\n"
+# Run as root of the new user namespace: bring up its loopback, say so, then wait for the server's pipe to close.
+_HOLDER_SCRIPT = f"{IP} link set lo up || exit 1; echo ready; exec cat >/dev/null"
+_OPEN_TIMEOUT_S = 10.0
+
+SLIRP_GATEWAY = "10.0.2.2"
+"""slirp4netns's gateway: the host itself (its loopback unless `--disable-host-loopback`)."""
+ALWAYS_BLOCKED = (
+    SLIRP_GATEWAY,
+    "169.254.0.0/16",  # link-local, and the metadata endpoints of most clouds (169.254.169.254)
+    "100.100.100.200/32",  # Alibaba Cloud's metadata endpoint
+    "fe80::/10",
+    "fd00:ec2::254/128",  # AWS's IPv6 metadata endpoint
+)
+
+
+class NetworkUnavailable(RuntimeError):
+    """A session's namespaces could not be made (the node forbids unprivileged user namespaces, say)."""
+
+
+def namespace_path(holder_pid: int, kind: str) -> str:
+    return f"/proc/{holder_pid}/ns/{kind}"
+
+
+def join_argv(holder_pid: int) -> list[str]:
+    """The argv prefix that runs the rest as root of the session's user namespace, in its network namespace.
+    The caller must already be the session's uid (the namespace's owner); credentials are kept as they are
+    (its uid is the namespace's root), so no setgroups is needed, which the namespace denies."""
+    return [
+        NSENTER,
+        "--preserve-credentials",
+        f"--user={namespace_path(holder_pid, 'user')}",
+        f"--net={namespace_path(holder_pid, 'net')}",
+        "--",
+    ]
+
+
+def as_user(uid: int, gid: int) -> list[str]:
+    """The argv prefix that runs the rest as `uid`/`gid`, with no supplementary groups and no_new_privs. Without
+    root the prefix is empty (the server's own user is the session's; development only)."""
+    if os.geteuid() != 0:
+        return []
+    return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def holder_argv(uid: int, gid: int, max_processes: int) -> list[str]:
+    """The holder: a user namespace (root mapped to the session's uid) and a network namespace inside it. Its
+    RLIMIT_NPROC becomes the namespace's: every command of the session counts against it."""
+    limit = [PRLIMIT, f"--nproc={max_processes}", "--"]
+    namespaces = [UNSHARE, "--user", "--map-root-user", "--net", "--", "/bin/sh", "-c", _HOLDER_SCRIPT]
+    return [*limit, *as_user(uid, gid), *namespaces]
+
+
+def nft_ruleset(blocked: Iterable[str]) -> str:
+    """An nftables table that rejects new connections and datagrams to `blocked` (addresses or networks)."""
+    networks = [ipaddress.ip_network(b, strict=False) for b in blocked]
+    v4 = ", ".join(str(n) for n in networks if n.version == 4)
+    v6 = ", ".join(str(n) for n in networks if n.version == 6)
+    rules = [f"    ip daddr {{ {v4} }} reject"] if v4 else []
+    rules += [f"    ip6 daddr {{ {v6} }} reject"] if v6 else []
+    body = "\n".join(rules)
+    return (
+        "table inet kuberl_session {\n"
+        "  chain output {\n"
+        "    type filter hook output priority 0; policy accept;\n"
+        f"{body}\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+def host_addresses() -> list[str]:
+    """Every address of this host's (or pod's) interfaces but loopback: behind a user-mode stack a session
+    could otherwise reach whatever listens on them."""
+    try:
+        out = subprocess.run([IP, "-json", "address", "show"], capture_output=True, timeout=5, check=True).stdout
+        interfaces = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    found = []
+    for interface in interfaces:
+        for info in interface.get("addr_info", []):
+            address = info.get("local")
+            if address and not ipaddress.ip_address(address).is_loopback:
+                found.append(address)
+    return found
+
+
+@dataclass
+class SessionNetwork:
+    """The processes that hold one session's namespaces; `close` ends them."""
+
+    holder: subprocess.Popen[bytes]
+    stack: subprocess.Popen[bytes] | None = None
+    """slirp4netns when egress is allowed."""
+    stack_exit: int | None = None
+    """Write end of the pipe whose closing tells slirp4netns to exit."""
+
+    @property
+    def pid(self) -> int:
+        return self.holder.pid
+
+    @staticmethod
+    def open(uid: int, gid: int, max_processes: int, egress: bool, blocked: Iterable[str] = ()) -> SessionNetwork:
+        """Start the holder as `uid`; with `egress`, the firewall and the user-mode stack. Blocking (a few ms
+        to start the holder, tens with egress): call it off the event loop."""
+        holder = subprocess.Popen(
+            holder_argv(uid, gid, max_processes),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        )
+        network = SessionNetwork(holder)
+        try:
+            assert holder.stdout is not None
+            if holder.stdout.readline() != READY:
+                holder.wait(timeout=_OPEN_TIMEOUT_S)
+                why = (holder.stderr.read() if holder.stderr else b"").decode(errors="replace").strip()
+                raise NetworkUnavailable(f"no user and network namespace for the session: {why or 'holder exited'}")
+            if egress:
+                network._firewall(uid, gid, [*ALWAYS_BLOCKED, *blocked])
+                network._start_stack(uid, gid)
+        except BaseException:
+            network.close()
+            raise
+        return network
+
+    def _firewall(self, uid: int, gid: int, blocked: list[str]) -> None:
+        argv = [*as_user(uid, gid), *join_argv(self.pid), NFT, "-f", "-"]
+        result = subprocess.run(
+            argv, input=nft_ruleset(blocked).encode(), capture_output=True, timeout=_OPEN_TIMEOUT_S, cwd="/"
+        )
+        if result.returncode != 0:
+            raise NetworkUnavailable(f"nft could not guard the session's egress: {result.stderr.decode().strip()}")
+
+    def _start_stack(self, uid: int, gid: int) -> None:
+        ready_r, ready_w = os.pipe()
+        exit_r, exit_w = os.pipe()
+        argv = [
+            *as_user(uid, gid),
+            SLIRP4NETNS,
+            "--configure",
+            "--mtu=65520",
+            "--disable-host-loopback",
+            "--enable-seccomp",
+            f"--ready-fd={ready_w}",
+            f"--exit-fd={exit_r}",
+            f"--userns-path={namespace_path(self.pid, 'user')}",
+            "--netns-type=path",
+            namespace_path(self.pid, "net"),
+            "tap0",
+        ]
+        try:
+            self.stack = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(ready_w, exit_r),
+                cwd="/",
+            )
+        finally:
+            os.close(ready_w)
+            os.close(exit_r)
+        self.stack_exit = exit_w
+        with os.fdopen(ready_r, "rb") as ready:
+            if ready.read(1) != b"1":
+                why = ""
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.stack.wait(timeout=1)
+                    why = (self.stack.stderr.read() if self.stack.stderr else b"").decode(errors="replace")
+                raise NetworkUnavailable(f"slirp4netns did not start: {why.strip()[-500:] or 'no reason given'}")
+
+    def close(self) -> None:
+        """End the stack and the holder (the namespaces go with their last process) and reap both."""
+        if self.stack_exit is not None:
+            os.close(self.stack_exit)
+            self.stack_exit = None
+        for proc in (self.stack, self.holder):
+            if proc is None or proc.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        for proc in (self.stack, self.holder):
+            for stream in (proc.stdin, proc.stdout, proc.stderr) if proc is not None else ():
+                if stream is not None:
+                    stream.close()
