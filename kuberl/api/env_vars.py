@@ -21,6 +21,19 @@ SANDBOX_REPOS = "KUBERL_SANDBOX_REPOS"
 """Folder of git repositories (`owner__name`) that sessions of SWE-bench-format tasks start from."""
 SANDBOX_ENVIRONMENTS = "KUBERL_SANDBOX_ENVIRONMENTS"
 """Folder of prepared environments (`kuberl tasks prepare`) those sessions run in."""
+SANDBOX_EGRESS = "KUBERL_SANDBOX_EGRESS"
+"""`allow`: sessions reach the internet through a guarded user-mode network stack; else (`deny`) only their
+own loopback (spec.sandbox.egress)."""
+SANDBOX_HIDDEN = "KUBERL_SANDBOX_HIDDEN"
+"""Colon-separated folders sessions must not see, beside the server's own installation (a run's task store)."""
+
+# --- the job token (read with `kuberl.tokens.read_job_token`; set by the operator's learner and rollout pods and
+# `kuberl run`, never given to sandbox pods)
+JOB_TOKEN_FILE = "KUBERL_JOB_TOKEN_FILE"
+"""A file holding the job token (a mounted Secret in a pod); wins over JOB_TOKEN. Rollout servers ask every
+caller but the probes for it (`Authorization: Bearer`); the learner presents it."""
+JOB_TOKEN = "KUBERL_JOB_TOKEN"
+"""The job token itself, for a process started by hand."""
 
 # --- the rollout tier
 SANDBOX_URLS = "KUBERL_SANDBOX_URLS"
@@ -65,6 +78,7 @@ OPERATOR_WATCH_NODES = "KUBERL_OPERATOR_WATCH_NODES"
 OPERATOR_WORKERS = "KUBERL_OPERATOR_WORKERS"
 OPERATOR_SANDBOX_USER_NAMESPACE = "KUBERL_OPERATOR_SANDBOX_USER_NAMESPACE"
 OPERATOR_SANDBOX_APPARMOR_PROFILE = "KUBERL_OPERATOR_SANDBOX_APPARMOR_PROFILE"
+OPERATOR_SANDBOX_SECCOMP_PROFILE = "KUBERL_OPERATOR_SANDBOX_SECCOMP_PROFILE"
 OPERATOR_NAMESPACE = "KUBERL_OPERATOR_NAMESPACE"
 """The operator's own namespace: the jobs' rollout pods admit its scrapes from there."""
 OPERATOR_MONITORING_NAMESPACE = "KUBERL_OPERATOR_MONITORING_NAMESPACE"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.api.env_vars import SANDBOX_ADVERTISE_URL as ADVERTISE_ENV
+from kuberl.api.env_vars import SANDBOX_EGRESS
 from kuberl.api.rljob import RLJob
 from kuberl_operator.autoscale import ScalingPolicy
 from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta, selector_labels
@@ -64,6 +65,7 @@ def build_sandbox_deployment(
     security.sandbox_container_security_context; `security` defaults to the operator's environment."""
     spec = job.spec.sandbox
     security = security or SandboxPodSecurity.from_env()
+    user_namespace = sandbox_uses_user_namespace(security, spec.runtime_class_name)
     argv = [
         "python",
         "-m",
@@ -87,21 +89,27 @@ def build_sandbox_deployment(
         "env": [
             sandbox_token_env(sandbox_token_secret),
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            *env_list({ADVERTISE_ENV: f"http://$(POD_IP):{SANDBOX_PORT}", "PYTHONUNBUFFERED": "1"}),
+            *env_list(
+                {
+                    ADVERTISE_ENV: f"http://$(POD_IP):{SANDBOX_PORT}",
+                    SANDBOX_EGRESS: spec.egress.value,
+                    "PYTHONUNBUFFERED": "1",
+                }
+            ),
         ],
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
         "resources": resources(spec.resources),
         "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
         "readinessProbe": http_probe("/readyz", "http", period=5, failures=3),
         "livenessProbe": http_probe("/healthz", "http", period=20, failures=3),
-        "securityContext": sandbox_container_security_context(security),
+        "securityContext": sandbox_container_security_context(security, user_namespace),
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        **({"hostUsers": False} if sandbox_uses_user_namespace(security, spec.runtime_class_name) else {}),
+        **({"hostUsers": False} if user_namespace else {}),
         "terminationGracePeriodSeconds": 30,
-        "securityContext": sandbox_pod_security_context(),
+        "securityContext": sandbox_pod_security_context(security),
         **pod_placement(job, SANDBOX),
         "containers": [container],
         "volumes": [empty_dir("workspace"), empty_dir("tmp")],

@@ -1,5 +1,6 @@
-"""Security contexts. Learner and rollout pods meet Pod Security Standards *restricted*; the sandbox
-server cannot (see `sandbox_container_security_context`) and gets the tightest context it can run with."""
+"""Security contexts. Learner and rollout pods meet Pod Security Standards *restricted*; sandbox pods meet
+*baseline* (see `sandbox_container_security_context`: the server is a root supervisor with a few capabilities of
+the baseline list, and isolates sessions with unprivileged user namespaces)."""
 
 from __future__ import annotations
 
@@ -14,27 +15,27 @@ from kuberl.api import env_vars
 # images), while an explicit uid runs them unprivileged. 65532 is the conventional "nonroot" user.
 NON_ROOT_UID = 65532
 
-# Every capability the sandbox supervisor keeps, with the reason; all others are dropped. The server runs
-# each command as `unshare --mount --pid --fork --mount-proc` + bind mounts + `setpriv --reuid --regid
-# --clear-groups --no-new-privs`, and file operations under the session's per-thread setfsuid/setfsgid
-# (docs/sandbox.md, env-images/sandbox/Dockerfile). tests/operator/test_sandbox_pod_rights.py runs the
-# server with exactly this set.
+# Every capability the sandbox supervisor keeps, with the reason; all others are dropped. Each is on the list
+# PSS baseline allows. The server runs each command as the session's uid (`setpriv --reuid --regid
+# --clear-groups --no-new-privs`) in the session's unprivileged user namespace, where it makes its mount, PID,
+# IPC and network namespaces with no capability of the pod's, and file operations under the session's
+# per-thread setfsuid/setfsgid (docs/sandbox.md, env-images/sandbox/Dockerfile).
+# tests/operator/test_sandbox_pod_rights.py runs the server with exactly this set.
 SANDBOX_CAPABILITIES: dict[str, str] = {
     "CHOWN": "hand a new session its folders (work/, tmp/, its private /tmp and /dev/shm) as its own uid",
     "DAC_OVERRIDE": "start a command in, and remove at close, a session's 0700 folders while still root "
     "(with the session's fsuid the kernel drops it anyway)",
     "FOWNER": "remove at close what a session left in sticky (1777) folders of its own: unlinking another "
     "user's file from a sticky folder needs it",
-    "KILL": "kill a command that overran: it runs as the session's uid, not the server's",
+    "KILL": "kill a command that overran, and a session's namespace holder: they run as the session's uid",
     "SETGID": "setpriv --regid --clear-groups and setfsgid: act as the session's gid, with no other group",
     "SETUID": "setpriv --reuid and setfsuid: act as the session's own unprivileged uid",
-    "SYS_ADMIN": "unshare the mount and PID namespaces of every command, mount its /proc and bind-mount "
-    "its private /tmp, /var/tmp, /dev/shm and /run/lock",
 }
 
 # The operator's environment (the chart's operator.sandbox* values) chooses what a cluster supports.
 USER_NAMESPACE_ENV = env_vars.OPERATOR_SANDBOX_USER_NAMESPACE
 APPARMOR_ENV = env_vars.OPERATOR_SANDBOX_APPARMOR_PROFILE
+SECCOMP_ENV = env_vars.OPERATOR_SANDBOX_SECCOMP_PROFILE
 
 
 @dataclass(frozen=True)
@@ -45,16 +46,22 @@ class SandboxPodSecurity:
     """`hostUsers: false`: the supervisor's root (and its capabilities) belong to the pod's own user
     namespace, mapped to an unprivileged host uid range. Needs Kubernetes 1.33+ (1.30-1.32 with the
     UserNamespacesSupport gate), Linux 6.3+ and containerd 2.0+ or CRI-O 1.25+ with runc or crun."""
-    apparmor_profile: str = "unconfined"
-    """`unconfined`, `runtime/default` or `localhost/<profile>`. The runtimes' default profile denies
-    mount(2) even to CAP_SYS_ADMIN, and the server mounts every command's /proc and /tmp, so the default
-    is unconfined; a node-installed profile that allows those mounts can take its place."""
+    apparmor_profile: str = ""
+    """Empty (the node's default), `runtime/default`, `localhost/<profile>` or `unconfined`. The runtimes'
+    default AppArmor profile denies mount(2), which every command needs inside its session's user namespace:
+    on nodes with AppArmor, load the chart's profile (charts/kuberl/files/kuberl-sandbox.apparmor) and name
+    it here. `unconfined` works anywhere but is beyond PSS baseline."""
+    seccomp_profile: str = ""
+    """Empty (none stated: the node's default, unconfined unless the kubelet runs with --seccomp-default),
+    `runtime/default` or `localhost/<file>`. The runtimes' default seccomp profile denies unshare(2), setns(2)
+    and mount(2) to a container without CAP_SYS_ADMIN, so sessions cannot be isolated under it."""
 
     @staticmethod
     def from_env(env: Mapping[str, str] = os.environ) -> SandboxPodSecurity:
         return SandboxPodSecurity(
             user_namespace=env.get(USER_NAMESPACE_ENV, "1").strip().lower() not in ("0", "false", "no"),
-            apparmor_profile=env.get(APPARMOR_ENV, "").strip() or "unconfined",
+            apparmor_profile=env.get(APPARMOR_ENV, "").strip(),
+            seccomp_profile=env.get(SECCOMP_ENV, "").strip(),
         )
 
 
@@ -80,10 +87,9 @@ def restricted_container_security_context() -> dict[str, Any]:
     }
 
 
-def sandbox_pod_security_context() -> dict[str, Any]:
-    """RuntimeDefault seccomp still applies: its filter allows unshare(2) and mount(2) to holders of
-    CAP_SYS_ADMIN, which is all the server asks of it."""
-    return {"seccompProfile": {"type": "RuntimeDefault"}}
+def sandbox_pod_security_context(security: SandboxPodSecurity) -> dict[str, Any]:
+    """Only a seccomp profile, when one is named (see SandboxPodSecurity.seccomp_profile)."""
+    return {"seccompProfile": profile(SECCOMP_ENV, security.seccomp_profile)} if security.seccomp_profile else {}
 
 
 def sandbox_uses_user_namespace(security: SandboxPodSecurity, runtime_class_name: str | None) -> bool:
@@ -92,36 +98,39 @@ def sandbox_uses_user_namespace(security: SandboxPodSecurity, runtime_class_name
     return security.user_namespace and not runtime_class_name
 
 
-def sandbox_container_security_context(security: SandboxPodSecurity) -> dict[str, Any]:
-    """Root with the capabilities of SANDBOX_CAPABILITIES: the server is a supervisor that runs every
-    command as the session's own unprivileged uid, with no_new_privs, in fresh mount and PID namespaces;
-    no agent code ever runs as root. With `hostUsers: false` that root is the pod's user namespace's, not
-    the node's. This cannot meet PSS restricted (nor baseline, which forbids SYS_ADMIN).
-
-    allowPrivilegeEscalation is left unset (true): Kubernetes rejects `false` beside CAP_SYS_ADMIN (its
-    check misses only the `SYS_ADMIN` spelling, a gap not to build on), and no_new_privs would not bind a
-    process that already holds CAP_SYS_ADMIN; what it is for, agent commands, get it from `setpriv
-    --no-new-privs`. The compensations: every other capability dropped, seccomp RuntimeDefault, a
-    read-only root filesystem, no service-account token, the default-deny NetworkPolicy, and the optional
+def sandbox_container_security_context(security: SandboxPodSecurity, user_namespace: bool) -> dict[str, Any]:
+    """Root with the capabilities of SANDBOX_CAPABILITIES (all on PSS baseline's list), no privilege
+    escalation: the server is a supervisor that runs every command as the session's own unprivileged uid,
+    with no_new_privs, in the session's unprivileged user namespace; no agent code ever runs as root. With
+    `hostUsers: false` that root is the pod's user namespace's, not the node's, and /proc is unmasked
+    (`procMount: Unmasked`): a command's PID namespace needs a /proc of its own, which the kernel refuses to
+    mount beside the runtime's masks. PSS baseline allows it for user-namespaced pods from Kubernetes 1.35.
+    Beside: a read-only root filesystem, no service-account token, default-deny NetworkPolicy, and the optional
     gVisor/Kata runtimeClassName."""
-    return {
+    context: dict[str, Any] = {
         "runAsUser": 0,
         "runAsNonRoot": False,
         "privileged": False,
+        "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"], "add": sorted(SANDBOX_CAPABILITIES)},
-        "seccompProfile": {"type": "RuntimeDefault"},
-        "appArmorProfile": apparmor_profile(security.apparmor_profile),
     }
+    if user_namespace:
+        context["procMount"] = "Unmasked"
+    if security.seccomp_profile:
+        context["seccompProfile"] = profile(SECCOMP_ENV, security.seccomp_profile)
+    if security.apparmor_profile:
+        context["appArmorProfile"] = profile(APPARMOR_ENV, security.apparmor_profile)
+    return context
 
 
-def apparmor_profile(name: str) -> dict[str, str]:
-    """An AppArmor profile in the notation of the old annotation (`unconfined`, `runtime/default`,
-    `localhost/<profile>`) as the securityContext field."""
+def profile(setting: str, name: str) -> dict[str, str]:
+    """An AppArmor or seccomp profile in the notation of the old annotations (`unconfined`,
+    `runtime/default`, `localhost/<profile>`) as the securityContext field."""
     if name == "unconfined":
         return {"type": "Unconfined"}
     if name == "runtime/default":
         return {"type": "RuntimeDefault"}
     if name.startswith("localhost/") and name.removeprefix("localhost/"):
         return {"type": "Localhost", "localhostProfile": name.removeprefix("localhost/")}
-    raise ValueError(f"{APPARMOR_ENV}={name!r}: expected unconfined, runtime/default or localhost/<profile>")
+    raise ValueError(f"{setting}={name!r}: expected unconfined, runtime/default or localhost/<profile>")

@@ -297,7 +297,7 @@ def test_the_operator_runs_kuberl_operator_cluster_wide_by_default(default):
     assert env["KUBERL_OPERATOR_INTERVAL"] == "3" and env["KUBERL_OPERATOR_WORKERS"] == "32"
     assert env["KUBERL_OPERATOR_WATCH_NODES"] == "1"
     assert env["KUBERL_OPERATOR_SANDBOX_USER_NAMESPACE"] == "1"
-    assert env["KUBERL_OPERATOR_SANDBOX_APPARMOR_PROFILE"] == "unconfined"
+    assert env["KUBERL_OPERATOR_SANDBOX_APPARMOR_PROFILE"] == env["KUBERL_OPERATOR_SANDBOX_SECCOMP_PROFILE"] == ""
 
 
 @pytest.mark.parametrize("rendered", ["default", "all_on"])
@@ -308,9 +308,9 @@ def test_the_sandbox_pod_values_reach_the_sandbox_pods_the_operator_renders(rend
     job = load_rljob(str(REPO / "examples" / "swe-toy.yaml"))
     pod = build_sandbox_deployment(job, "team", None, "token", security)["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    if rendered == "default":  # a user namespace, and AppArmor out of the way of the server's mounts
+    if rendered == "default":  # a user namespace, the nodes' default AppArmor profile: Pod Security baseline
         assert pod["hostUsers"] is False
-        assert container["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+        assert "appArmorProfile" not in container["securityContext"]
     else:  # values-all-on.yaml: a cluster without user namespaces, with a profile of its own on the nodes
         assert "hostUsers" not in pod
         assert container["securityContext"]["appArmorProfile"] == {

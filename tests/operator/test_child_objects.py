@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import EXAMPLES
+from helpers.pod_security import pss_baseline_violations, with_container_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,9 +29,10 @@ from kuberl_operator.secret import build_sandbox_token_secret
 from kuberl_operator.security import (
     APPARMOR_ENV,
     SANDBOX_CAPABILITIES,
+    SECCOMP_ENV,
     USER_NAMESPACE_ENV,
     SandboxPodSecurity,
-    apparmor_profile,
+    profile,
 )
 from kuberl_trainer.final_checkpoint import children_of
 
@@ -277,56 +279,79 @@ def assert_sandbox_security(
     pod: dict[str, Any], container: dict[str, Any], runtime_class: str | None, security: SandboxPodSecurity
 ) -> None:
     """The supervisor's context: root, but in its own user namespace where the cluster has them; only the
-    capabilities it needs; seccomp RuntimeDefault; a read-only root filesystem."""
+    capabilities it needs, each on Pod Security baseline's list; no privilege escalation; a read-only root
+    filesystem; and the whole pod within PSS baseline."""
     context = container["securityContext"]
-    assert pod.get("hostUsers", True) is not (security.user_namespace and runtime_class is None)
-    assert pod["securityContext"]["seccompProfile"] == context["seccompProfile"] == {"type": "RuntimeDefault"}
+    user_namespace = security.user_namespace and runtime_class is None
+    assert pod.get("hostUsers", True) is not user_namespace
     assert context["capabilities"] == {"drop": ["ALL"], "add": sorted(SANDBOX_CAPABILITIES)}
     assert context["readOnlyRootFilesystem"] is True and context["privileged"] is False
+    assert context["allowPrivilegeEscalation"] is False
     assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False
-    # false would be refused beside CAP_SYS_ADMIN; agent commands get no_new_privs from setpriv instead
-    assert "allowPrivilegeEscalation" not in context
+    assert context.get("procMount") == ("Unmasked" if user_namespace else None)
+    if security.apparmor_profile != "unconfined":
+        assert pss_baseline_violations(pod) == []
 
 
 def test_security_properties_of_every_example(example):
     assert_security_properties(example, render(example))
 
 
-# The capabilities of the sandbox supervisor, and nothing else: setpriv (SETUID, SETGID), unshare and the
-# per-command mounts (SYS_ADMIN), session folders (CHOWN, DAC_OVERRIDE, FOWNER), overrunning commands (KILL).
-SUPERVISOR_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID", "SYS_ADMIN"]
+# The capabilities of the sandbox supervisor, and nothing else: setpriv (SETUID, SETGID), session folders
+# (CHOWN, DAC_OVERRIDE, FOWNER), overrunning commands and namespace holders (KILL). No SYS_ADMIN: sessions'
+# namespaces are unprivileged user namespaces.
+SUPERVISOR_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 
 
-def test_the_sandbox_pod_has_a_user_namespace_the_supervisors_capabilities_and_runtime_default_seccomp():
+def test_the_sandbox_pod_has_a_user_namespace_the_supervisors_capabilities_and_meets_pss_baseline():
     job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-toy")))
     pod = pod_spec(one(render(job), "Deployment", "sandbox"))
     assert pod["hostUsers"] is False
-    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["securityContext"] == {}  # seccomp: none stated (the runtimes' default denies unshare)
     [container] = pod["containers"]
     assert container["securityContext"] == {
         "runAsUser": 0,
         "runAsNonRoot": False,
         "privileged": False,
+        "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"], "add": SUPERVISOR_CAPABILITIES},
-        "seccompProfile": {"type": "RuntimeDefault"},
-        "appArmorProfile": {"type": "Unconfined"},  # the runtimes' default profile denies mount(2)
+        "procMount": "Unmasked",  # a command's PID namespace mounts a /proc of its own
     }
     assert all(SANDBOX_CAPABILITIES[c] for c in SUPERVISOR_CAPABILITIES), "each capability says why"
+    assert pss_baseline_violations(pod) == []
+    assert {e["name"]: e.get("value") for e in container["env"]}["KUBERL_SANDBOX_EGRESS"] == "deny"
+
+
+def test_the_pss_baseline_check_finds_what_baseline_forbids():
+    # the check the pods are held to fails where Pod Security admission would refuse the pod
+    job = load_rljob(str(next(p for p in EXAMPLES if p.stem == "swe-toy")))
+    pod = pod_spec(one(render(job), "Deployment", "sandbox"))
+    context = pod["containers"][0]["securityContext"]
+    for change, control in [
+        ({"capabilities": {"add": ["SYS_ADMIN"]}}, "capabilities"),
+        ({"privileged": True}, "privileged"),
+        ({"appArmorProfile": {"type": "Unconfined"}}, "appArmorProfile"),
+        ({"seccompProfile": {"type": "Unconfined"}}, "seccompProfile"),
+    ]:
+        assert any(control in v for v in pss_baseline_violations(with_container_context(pod, {**context, **change})))
+    host_users = {**pod, "hostUsers": True}
+    assert any("procMount" in v for v in pss_baseline_violations(host_users))
 
 
 @pytest.mark.parametrize(
-    ("env", "host_users", "apparmor"),
+    ("env", "host_users", "apparmor", "seccomp"),
     [
-        ({}, False, {"type": "Unconfined"}),
-        ({USER_NAMESPACE_ENV: "0"}, None, {"type": "Unconfined"}),
-        ({USER_NAMESPACE_ENV: "false", APPARMOR_ENV: "runtime/default"}, None, {"type": "RuntimeDefault"}),
-        ({APPARMOR_ENV: "localhost/sbx"}, False, {"type": "Localhost", "localhostProfile": "sbx"}),
+        ({}, False, None, None),
+        ({USER_NAMESPACE_ENV: "0"}, None, None, None),
+        ({USER_NAMESPACE_ENV: "false", APPARMOR_ENV: "runtime/default"}, None, {"type": "RuntimeDefault"}, None),
+        ({APPARMOR_ENV: "localhost/sbx"}, False, {"type": "Localhost", "localhostProfile": "sbx"}, None),
+        ({SECCOMP_ENV: "localhost/kuberl-sandbox.json"}, False, None, "kuberl-sandbox.json"),
     ],
-    ids=["default", "no-user-namespaces", "runtime-default-apparmor", "localhost-apparmor"],
+    ids=["default", "no-user-namespaces", "runtime-default-apparmor", "localhost-apparmor", "localhost-seccomp"],
 )
-def test_the_operator_environment_says_what_the_cluster_supports(monkeypatch, env, host_users, apparmor):
-    for name in (USER_NAMESPACE_ENV, APPARMOR_ENV):
+def test_the_operator_environment_says_what_the_cluster_supports(monkeypatch, env, host_users, apparmor, seccomp):
+    for name in (USER_NAMESPACE_ENV, APPARMOR_ENV, SECCOMP_ENV):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -334,7 +359,11 @@ def test_the_operator_environment_says_what_the_cluster_supports(monkeypatch, en
     assert_valid_kubernetes(objects)
     pod = pod_spec(one(objects, "Deployment", "sandbox"))
     assert pod.get("hostUsers") is host_users
-    assert pod["containers"][0]["securityContext"]["appArmorProfile"] == apparmor
+    context = pod["containers"][0]["securityContext"]
+    assert context.get("appArmorProfile") == apparmor
+    expected = None if seccomp is None else {"type": "Localhost", "localhostProfile": seccomp}
+    assert context.get("seccompProfile") == pod["securityContext"].get("seccompProfile") == expected
+    assert pss_baseline_violations(pod) == []
 
 
 def test_a_sandbox_runtime_class_replaces_the_user_namespace():
@@ -346,7 +375,7 @@ def test_a_sandbox_runtime_class_replaces_the_user_namespace():
 
 def test_an_apparmor_profile_in_another_notation_is_refused():
     with pytest.raises(ValueError, match=APPARMOR_ENV):
-        apparmor_profile("docker-default")
+        profile(APPARMOR_ENV, "docker-default")
 
 
 def test_the_sandbox_tier_cannot_reach_storage_or_the_api(example):
