@@ -147,6 +147,7 @@ def render(job_file: str, namespace: str | None, uid: str | None) -> None:
     from kuberl.validation import ManifestError, load_rljob
     from kuberl_operator.desired import desired_objects, render_warnings, render_yaml_stream, target_namespace
     from kuberl_operator.meta import owner_reference
+    from kuberl_operator.pod import job_token_secret_name
     from kuberl_operator.secret import sandbox_token_secret_name
 
     try:
@@ -163,8 +164,9 @@ def render(job_file: str, namespace: str | None, uid: str | None) -> None:
     if owner is None:
         click.echo("note: no --uid, so no ownerReferences: these objects outlive the RLJob", err=True)
     click.echo(
-        f"note: sandbox and rollout pods read the token from Secret {sandbox_token_secret_name(job)!r} "
-        f"(key 'token') in namespace {ns!r}, which the operator creates",
+        f"note: sandbox and rollout pods read the sandbox token from Secret {sandbox_token_secret_name(job)!r}, "
+        f"learner and rollout pods the job token from Secret {job_token_secret_name(job)!r} (key 'token' of "
+        f"each) in namespace {ns!r}; the operator creates both",
         err=True,
     )
 
@@ -379,9 +381,9 @@ def run_command(
 
         held_out = environment_tasks(job.spec.environment, str(job.spec.environment.tasks.eval_split))
 
-        def solve_rate(urls: list[str]) -> float:
+        def solve_rate(urls: list[str], job_token: str) -> float:
             # the scorer of `kuberl evaluate`, on the job's own servers while no learner uses them
-            result = evaluate_tasks(RolloutClient(urls), held_out, seed=job.spec.training.seed)
+            result = evaluate_tasks(RolloutClient(urls, job_token), held_out, seed=job.spec.training.seed)
             click.echo(summary_line(result.summary()))
             return result.solve_rate
 
@@ -512,7 +514,9 @@ def evaluate_command(
 )
 @click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
 def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str, ...], model_path: str | None) -> None:
-    """Serve one vLLM engine and the agent loop for the RLJob in JOB.yaml (token in KUBERL_SANDBOX_TOKEN)."""
+    """Serve one vLLM engine and the agent loop for the RLJob in JOB.yaml. Callers present the job token (the file
+    KUBERL_JOB_TOKEN_FILE names, else KUBERL_JOB_TOKEN) but for /healthz, /readyz and /metrics; sandboxes are
+    called with KUBERL_SANDBOX_TOKEN."""
     import uvicorn
 
     from kuberl.validation import ManifestError, load_rljob
@@ -542,12 +546,14 @@ def learner(
 
     Stops at training.totalSteps or a limit of spec.limits, or on SIGTERM, with a final checkpoint; the
     reason is in RUN_DIR/status.json. KUBERL_JOB_STARTED_AT (Unix seconds) sets when the job's wall clock
-    started (default: now)."""
+    started (default: now). The rollout servers are called with the job token (the file KUBERL_JOB_TOKEN_FILE
+    names, else KUBERL_JOB_TOKEN)."""
     import os
     from pathlib import Path
 
     from kuberl.storage import check_model_folder, local_copy
     from kuberl.suites import environment_tasks
+    from kuberl.tokens import read_job_token
     from kuberl.validation import ManifestError, load_rljob
     from kuberl_trainer.learner import run_learner
 
@@ -558,6 +564,7 @@ def learner(
         model = model_path or str(local_copy(job.spec.model.uri))
         check_model_folder(model)
         started = float(os.environ[env_vars.JOB_STARTED_AT]) if os.environ.get(env_vars.JOB_STARTED_AT) else None
+        token = read_job_token()
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
     folder = Path(run_dir or f"runs/{job.name}")
@@ -567,6 +574,7 @@ def learner(
         model,
         folder,
         task_ids,
+        token,
         log=lambda line: click.echo(json.dumps(line)),
         metrics_port=metrics_port,
         job_started_at=started,

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from kuberl.tokens import CHALLENGE
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.routes import commands, files, health, sessions
@@ -95,7 +96,7 @@ def install_error_handlers(app: FastAPI, metrics: SandboxMetrics) -> None:
     @app.exception_handler(SessionError)
     async def session_error(request: Request, err: SessionError) -> JSONResponse:
         metrics.errors.labels(str(err.status)).inc()
-        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        headers = CHALLENGE if err.status == 401 else None
         return JSONResponse({"detail": str(err)}, status_code=err.status, headers=headers)
 
     @app.exception_handler(ws.WorkspaceError)

@@ -2,12 +2,13 @@
 given. The rollout tier runs the entry point once per episode, in place of the built-in agent loop.
 
     async def my_agent(task, base_url, env):
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused")
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=env.api_key)
         messages = [{"role": "user", "content": env.observation}]
         ...                           # call the model, run tools with env.step / env.run / env.submit
         await env.submit()
 
-Every model call through `base_url` is recorded token-in/token-out; when the entry point returns, the
+Every model call through `base_url` (authenticated with the episode session's own `env.api_key`) is recorded
+token-in/token-out; when the entry point returns, the
 episode is scored by the job's reward function (unless the agent closed its session with a reward) and its
 trajectory joins the learner's stream like the built-in loop's.
 """
@@ -31,6 +32,12 @@ class AgentEnvironment(Protocol):
     @property
     def done(self) -> bool:
         """The episode is over (the agent submitted)."""
+        ...
+
+    @property
+    def api_key(self) -> str:
+        """The API key of the episode's session: the OpenAI client's `api_key` for `base_url` (it opens no other
+        session's routes)."""
         ...
 
     async def step(self, action: ToolCall) -> StepResult:

@@ -1,7 +1,8 @@
 """Recorded sessions of the rollout server (`/v1/sessions`): request and response bodies, used by the server
 and its clients alike.
 
-A session gives an agent its own OpenAI base URL (`.../v1/sessions/{id}/openai/v1`). Every chat completion
+A session gives an agent its own OpenAI base URL (`.../v1/sessions/{id}/openai/v1`) and API key (the bearer
+token of that session's routes, and of no other's). Every chat completion
 made through it is sampled by the engine and recorded token-in/token-out; closing the session with a reward
 turns the record into a `Trajectory`. Keys on the wire are camelCase like the work API's; errors come in
 OpenAI's shape (`kuberl.api.openai_http.ErrorResponse`), since OpenAI clients call these routes.
@@ -51,6 +52,14 @@ class SessionInfo(RolloutReply):
     """Prompt tokens tokenised from text (first prompts, new messages, and mismatched histories)."""
     closed: bool = False
     """The session was closed: its calls are refused and its trajectory is built."""
+
+
+class OpenedSession(SessionInfo):
+    """`POST /v1/sessions` (201): the new session and its API key."""
+
+    api_key: str
+    """The session's own bearer token: give it to the OpenAI client with the base URL (`api_key=`). It opens
+    this session's routes only; it is shown once, here."""
 
 
 class CloseSession(RolloutRequest):

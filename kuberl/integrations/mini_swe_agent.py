@@ -154,7 +154,7 @@ def entry_point(
             return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
         session = {"model_name": MODEL_NAME, "cost_tracking": "ignore_errors"}
-        session["model_kwargs"] = {"api_base": base_url, "api_key": "kuberl"}
+        session["model_kwargs"] = {"api_base": base_url, "api_key": env.api_key}
         model = SessionModel(over, **recursive_merge(spec.get("model", {}), session))
         sandbox = SandboxBashEnvironment(env, call, **spec.get("environment", {}))
         agent = DefaultAgent(model, sandbox, **{**spec.get("agent", {}), "output_path": None})

@@ -20,8 +20,9 @@ from kuberl.api import env_vars
 from kuberl.api.environment import Task
 from kuberl.api.rljob import RLJob
 from kuberl.api.trajectory import FinishReason
-from kuberl.local.processes import Ports, plan, sandbox_scratch
+from kuberl.local.processes import JOB_TOKEN_FILE, Ports, plan, sandbox_scratch
 from kuberl.local.supervisor import Supervisor
+from kuberl.tokens import write_token_file
 from kuberl_sandbox.local import free_port
 
 
@@ -31,13 +32,15 @@ def served_policy_urls(
     policy: str,
     work_dir: Path,
     log: Callable[[str], None],
-) -> tuple[Supervisor, list[str], Path]:
+) -> tuple[Supervisor, list[str], str, Path]:
     """Start one sandbox and one rollout server for `policy` (the learner is not started); returns the
-    supervisor (stop it with `stop_all`), the rollout server's URLs and the sandbox root to remove."""
+    supervisor (stop it with `stop_all`), the rollout server's URLs, the job token they ask for (also in
+    WORK_DIR/job-token) and the sandbox root to remove."""
     ports = Ports([free_port()], [free_port()], free_port())
     sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-eval-{job.name}-", dir=sandbox_scratch(job)))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)
+    job_token = write_token_file(work_dir / JOB_TOKEN_FILE)
     specs = plan(job, job_file, work_dir, policy, ports, token, sandbox_root, os.cpu_count() or 1)
     serving = [s for s in specs if s.tier != "learner"]
     supervisor = Supervisor(serving, retry_budget=0, log=log)
@@ -50,7 +53,7 @@ def served_policy_urls(
         supervisor.stop_all()
         shutil.rmtree(sandbox_root, ignore_errors=True)
         raise
-    return supervisor, [f"http://127.0.0.1:{p}" for p in ports.rollouts], sandbox_root
+    return supervisor, [f"http://127.0.0.1:{p}" for p in ports.rollouts], job_token, sandbox_root
 
 
 def evaluate_policy(
@@ -67,10 +70,10 @@ def evaluate_policy(
     from kuberl_trainer.rollout_client import RolloutClient
 
     started = time.monotonic()
-    supervisor, urls, sandbox_root = served_policy_urls(job, job_file, policy, work_dir, log)
+    supervisor, urls, job_token, sandbox_root = served_policy_urls(job, job_file, policy, work_dir, log)
     try:
         log(f"evaluating {len(tasks)} tasks x {episodes} episode(s) ...")
-        result = evaluate(RolloutClient(urls), tasks, episodes, seed=job.spec.training.seed)
+        result = evaluate(RolloutClient(urls, job_token), tasks, episodes, seed=job.spec.training.seed)
     finally:
         supervisor.stop_all()
         shutil.rmtree(sandbox_root, ignore_errors=True)

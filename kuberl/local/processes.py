@@ -14,6 +14,9 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import SWE_BENCH
 from kuberl.swebench.readiness import sandbox_environment
 
+JOB_TOKEN_FILE = "job-token"
+"""The file of a run's folder holding its job token (mode 0600, new each run)."""
+
 
 @dataclass(frozen=True)
 class ProcessSpec:
@@ -66,7 +69,9 @@ def plan(
     """Sandbox servers, then rollout servers, then the learner (torchrun when it has several ranks).
     `sandbox_root` must be traversable by the sessions' own uids (e.g. a 0711 folder under /tmp). `pinning`
     (tier -> cores, `kuberl run --cpus`) keeps tiers on cores of their own, as pods on their own nodes are;
-    a pinned tier's threads are its cores."""
+    a pinned tier's threads are its cores. The rollout servers and the learner read the job token from
+    RUN_DIR/job-token (the caller writes it), as their pods read it from the job's Secret; the sandboxes never
+    learn it."""
     pinning = pinning or {}
     python = [sys.executable, "-m", "kuberl.cli"]
     logs = run_dir / "logs"
@@ -74,6 +79,7 @@ def plan(
     rollout_urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
     spec = job.spec
     token = {env_vars.SANDBOX_TOKEN: sandbox_token}
+    job_token = {env_vars.JOB_TOKEN_FILE: str(run_dir / JOB_TOKEN_FILE)}
     sandbox_env = token | sandbox_environment(spec.environment)  # a job on real repositories: mirror, environments
     out = [
         ProcessSpec(
@@ -118,7 +124,7 @@ def plan(
         pinned = pinning.get("rollout")
         share = len(pinned) // len(ports.rollouts) if pinned else cpus // (len(ports.rollouts) + 1)
         threads = env_vars.cpu_engine_threads(share)
-        env = {**token, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        env = {**token, **job_token, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
         out.append(
             ProcessSpec(
                 f"rollout-{i}",
@@ -149,7 +155,8 @@ def plan(
     else:
         argv = [*python, *tail]
     learner_cpus = pinning.get("learner")
-    env = {env_vars.OMP_NUM_THREADS: str(max(1, len(learner_cpus or range(cpus)) // ranks)), "HF_HUB_OFFLINE": "1"}
+    threads = str(max(1, len(learner_cpus or range(cpus)) // ranks))
+    env = {**job_token, env_vars.OMP_NUM_THREADS: threads, "HF_HUB_OFFLINE": "1"}
     out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log", cpus=learner_cpus))
     return out
 

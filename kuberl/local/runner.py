@@ -8,7 +8,9 @@ wall clock, and writes a final checkpoint whenever it stops), stops cleanly on C
 and leaves in `runs/<job>/`: metrics.jsonl, status.json (the learner's), job.json (the run's outcome,
 restarts and process events), prometheus_targets.json (every /metrics endpoint of the run, with the labels a
 PodMonitor gives them in a cluster), learning_curve.png, logs/ and checkpoints. With a metrics port it also
-serves the job-level metrics (kuberl.job_metrics) that the operator exports for a job in a cluster.
+serves the job-level metrics (kuberl.job_metrics) that the operator exports for a job in a cluster. Each run
+writes a fresh job token to `job-token` (mode 0600): the rollout servers ask every caller for it, as they do
+in a cluster.
 """
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
 from kuberl.job_metrics import JobMetrics
 from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import Ports, local_replicas, plan, prometheus_targets, sandbox_scratch
+from kuberl.local.processes import (
+    JOB_TOKEN_FILE,
+    Ports,
+    local_replicas,
+    plan,
+    prometheus_targets,
+    sandbox_scratch,
+)
 from kuberl.local.progress import ProgressPrinter, progress_line
 from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
+from kuberl.tokens import write_token_file
 from kuberl_sandbox.local import free_port
 
 POLL_S = 0.5
@@ -135,7 +145,7 @@ def run_job(
     out: ProgressPrinter | None = None,
     on_step: Callable[[dict, Supervisor], None] | None = None,
     warm_up: Callable[[str, str, str, str], str] | None = None,
-    evaluate: Callable[[list[str]], float] | None = None,
+    evaluate: Callable[[list[str], str], float] | None = None,
     metrics_port: int | None = None,
     metrics_linger_s: float = 0.0,
     pinning: Mapping[str, frozenset[int]] | None = None,
@@ -143,7 +153,7 @@ def run_job(
     """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
     line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
     token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder.
-    `evaluate(rollout_urls)` measures the held-out solve rate of what the rollout servers serve: before
+    `evaluate(rollout_urls, job_token)` measures the held-out solve rate of what the rollout servers serve: before
     RL (after the warm-up) and after it, while no learner uses them. `metrics_port` serves the job-level
     metrics (RunMetrics), the final status `metrics_linger_s` longer after the job ends (for a scraper).
     `pinning` keeps tiers on cores of their own (`kuberl run --cpus`)."""
@@ -159,6 +169,7 @@ def run_job(
     record.runs += 1
     spec = job.spec
     token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)  # set: to reach the sandboxes too
+    job_token = write_token_file(run_dir / JOB_TOKEN_FILE)
     sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir=sandbox_scratch(job)))
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     sandboxes, rollouts, _ = local_replicas(job)
@@ -200,7 +211,7 @@ def run_job(
             urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
             if evaluate is not None and "before RL" not in record.evaluations:
                 out.message("evaluating the held-out tasks before RL ...")
-                record.evaluations["before RL"] = evaluate(urls)
+                record.evaluations["before RL"] = evaluate(urls, job_token)
                 out.message(f"held-out solve rate before RL: {record.evaluations['before RL']:.2f}")
             learner = next(s for s in specs if s.tier == "learner")
             learner.env[env_vars.JOB_STARTED_AT] = str(job_started_at)
@@ -213,7 +224,7 @@ def run_job(
             publish(stop.phase, supervisor, stop)
             if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
                 out.message("evaluating the held-out tasks after RL ...")
-                record.evaluations["after RL"] = evaluate(urls)
+                record.evaluations["after RL"] = evaluate(urls, job_token)
                 out.message(
                     f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
                     f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})"

@@ -20,7 +20,7 @@ from kuberl_operator.job_config import build_config_map
 from kuberl_operator.meta import MANAGED_BY, owner_reference
 from kuberl_operator.network_policy import NetworkPeers
 from kuberl_operator.pod import JOB_FILE_KEY
-from kuberl_operator.secret import build_sandbox_token_secret
+from kuberl_operator.secret import build_job_token_secret, build_sandbox_token_secret
 from kuberl_operator.security import SandboxPodSecurity
 
 # A running learner cannot switch model or algorithm without starting over: its checkpoints, optimizer
@@ -28,7 +28,7 @@ from kuberl_operator.security import SandboxPodSecurity
 UNSAFE_FIELDS = ("model", "algorithm")
 # The operator's field manager: every field of every child it applies is owned under this name.
 FIELD_MANAGER = MANAGED_BY
-# Created once, never written again: the sandbox token Secret (re-applying must never rotate a token in
+# Created once, never written again: the token Secrets (re-applying must never rotate a token in
 # use) and Kueue's Workload (its pod sets cannot change while it is admitted: Kueue rejects it).
 CREATE_ONLY = frozenset({"Secret", "Workload"})
 
@@ -82,8 +82,11 @@ def apply_children(
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     owner = owner_reference(job, uid)
     written = []
-    secret = build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32))
-    for obj in [secret, *desired_objects(job, namespace, owner=owner, security=security, peers=peers)]:
+    tokens = [
+        build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32)),
+        build_job_token_secret(job, namespace, owner, secrets.token_urlsafe(32)),
+    ]
+    for obj in [*tokens, *desired_objects(job, namespace, owner=owner, security=security, peers=peers)]:
         if obj["kind"] in CREATE_ONLY:
             if _create(kube, obj) is None:
                 continue  # it exists: never written again
@@ -117,9 +120,12 @@ def _without_autoscaled_replicas(
 def delete_children(kube: Kube, job: RLJob, namespace: str) -> list[str]:
     """Delete every child (the API server's garbage collector would too, through owner references; this
     also works where there is none). Returns 'Kind/name' of what was deleted."""
-    secret = build_sandbox_token_secret(job, namespace, None, "unused")
+    tokens = [
+        build_sandbox_token_secret(job, namespace, None, "unused"),
+        build_job_token_secret(job, namespace, None, "unused"),
+    ]
     gone = []
-    for obj in [*reversed(desired_objects(job, namespace, owner=None)), secret]:
+    for obj in [*reversed(desired_objects(job, namespace, owner=None)), *tokens]:
         if kube.delete(object_path(obj)):
             gone.append(f"{obj['kind']}/{obj['metadata']['name']}")
     return gone

@@ -13,6 +13,7 @@ from kuberl_operator.pod import (
     JOB_FILE,
     RUN_DIR,
     env_list,
+    job_token_env,
     parallel_statefulset,
     resources,
     runtime_env,
@@ -98,6 +99,7 @@ def learner_env(job: RLJob) -> list[dict[str, Any]]:
         # which RLJob the learner reports into (kuberl_trainer.cluster_status)
         {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         *env_list({JOB_NAME_ENV: job.name}),
+        job_token_env(),  # it calls the rollout servers
         *env_list({"NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}),
         *runtime_env(),
         *storage_env(job),

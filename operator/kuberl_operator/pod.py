@@ -22,6 +22,11 @@ TMP_DIR = "/tmp"
 
 SANDBOX_TOKEN_KEY = "token"
 TOKEN_ENV = env_vars.SANDBOX_TOKEN
+# The job token (kuberl.tokens): a file of a read-only Secret volume, in learner and rollout pods only
+JOB_TOKEN_KEY = "token"
+JOB_TOKEN_DIR = "/var/run/secrets/kuberl.io/job-token"
+JOB_TOKEN_FILE = f"{JOB_TOKEN_DIR}/{JOB_TOKEN_KEY}"
+JOB_TOKEN_VOLUME = "job-token"
 
 
 def resources(spec: ResourceRequirements) -> dict[str, Any]:
@@ -82,6 +87,15 @@ def sandbox_token_env(secret_name: str) -> dict[str, Any]:
     return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": SANDBOX_TOKEN_KEY}}}
 
 
+def job_token_secret_name(job: RLJob) -> str:
+    return child_name(job, "job-token")
+
+
+def job_token_env() -> dict[str, Any]:
+    """Where the job token is read from: the file of its Secret volume, never the value in a manifest."""
+    return {"name": env_vars.JOB_TOKEN_FILE, "value": JOB_TOKEN_FILE}
+
+
 def job_volume(job: RLJob) -> dict[str, Any]:
     items = [{"key": JOB_FILE_KEY, "path": JOB_FILE_KEY}]
     return {"name": "job", "configMap": {"name": child_name(job, CONFIG), "items": items}}
@@ -92,11 +106,21 @@ def empty_dir(name: str, medium: str | None = None) -> dict[str, Any]:
 
 
 def workload_volumes(job: RLJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts) of the learner and rollout tiers: the job file, caches, /tmp and a RAM-backed
-    /dev/shm (the default 64 MiB one breaks NCCL and vLLM's worker processes)."""
-    volumes = [job_volume(job), empty_dir("cache"), empty_dir("tmp"), empty_dir("dshm", "Memory")]
+    """(volumes, mounts) of the learner and rollout tiers: the job file, the job token (its Secret's one key,
+    readable by the pod's group only), caches, /tmp and a RAM-backed /dev/shm (the default 64 MiB one breaks
+    NCCL and vLLM's worker processes)."""
+    token = {"key": JOB_TOKEN_KEY, "path": JOB_TOKEN_KEY}
+    secret = {"secretName": job_token_secret_name(job), "defaultMode": 0o440, "items": [token]}
+    volumes = [
+        job_volume(job),
+        {"name": JOB_TOKEN_VOLUME, "secret": secret},
+        empty_dir("cache"),
+        empty_dir("tmp"),
+        empty_dir("dshm", "Memory"),
+    ]
     mounts = [
         {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+        {"name": JOB_TOKEN_VOLUME, "mountPath": JOB_TOKEN_DIR, "readOnly": True},
         {"name": "cache", "mountPath": CACHE_DIR},
         {"name": "tmp", "mountPath": TMP_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},

@@ -11,6 +11,7 @@ from kuberl_operator.pod import (
     JOB_FILE,
     cpu_engine_env,
     http_probe,
+    job_token_env,
     parallel_statefulset,
     resources,
     runtime_env,
@@ -82,6 +83,7 @@ def build_rollout_statefulset(
         "command": argv,
         "env": [
             sandbox_token_env(sandbox_token_secret),
+            job_token_env(),  # what its callers present
             *runtime_env(),
             *storage_env(job),
             *cpu_engine_env(job.spec.rollout.resources),

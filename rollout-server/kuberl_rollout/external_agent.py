@@ -1,8 +1,8 @@
 """Episodes played by an external agent (`spec.environment.agent`): the entry point gets the task, a recorded
-session's OpenAI base URL and the sandbox session as an `AgentEnvironment`; its model calls make the
-trajectory. It runs where the built-in `Agent.run` would (the service's episode slots, timeouts, cancellation
-and metrics), and like it never raises for what the agent or the sandbox does: an agent that raises makes a
-trajectory with finish reason `error` and the reason, which the learner leaves out.
+session's OpenAI base URL and the sandbox session as an `AgentEnvironment` (whose `api_key` is the session's);
+its model calls make the trajectory. It runs where the built-in `Agent.run` would (the service's episode slots,
+timeouts, cancellation and metrics), and like it never raises for what the agent or the sandbox does: an agent
+that raises makes a trajectory with finish reason `error` and the reason, which the learner leaves out.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ class EpisodeEnvironment:
     @property
     def done(self) -> bool:
         return self._done
+
+    @property
+    def api_key(self) -> str:
+        return self._session.api_key
 
     async def step(self, action: ToolCall) -> StepResult:
         if self._done:

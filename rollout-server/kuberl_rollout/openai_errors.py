@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute
 
 from kuberl.api.openai_http import ErrorDetail, ErrorResponse
 from kuberl.errors import ServiceError
+from kuberl.tokens import CHALLENGE
 
 
 class OpenAIError(ServiceError):
@@ -26,7 +27,7 @@ class OpenAIError(ServiceError):
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=CHALLENGE if status == 401 else None)
 
 
 class OpenAIRoute(APIRoute):

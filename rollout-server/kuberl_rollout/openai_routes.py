@@ -1,7 +1,8 @@
 """OpenAI-compatible endpoints (`/v1/models`, `/v1/completions`, `/v1/chat/completions`, streamed or not), in
 OpenAI's format plus what RL needs recorded: token ids, prompt token ids, policy versions and per-token
 log-probs. Bodies are `kuberl.api.openai_http`; every error of these routes is answered in OpenAI's error
-shape (the work API keeps its own), so OpenAI clients raise with the message.
+shape (the work API keeps its own), so OpenAI clients raise with the message. They ask for the job token (the
+OpenAI client's `api_key`); a recorded session's copies of them (`session_routes`) take the session's own key.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kuberl.api.openai_http import (
     Usage,
 )
 from kuberl_rollout import openai_chat, openai_stream
+from kuberl_rollout.auth import JOB_TOKEN
 from kuberl_rollout.engine import Generation
 from kuberl_rollout.openai_errors import OpenAIError, OpenAIRoute
 from kuberl_rollout.state import State
@@ -46,7 +48,8 @@ router = APIRouter(
     prefix="/v1",
     tags=["openai"],
     route_class=OpenAIRoute,
-    responses={code: {"model": ErrorResponse} for code in (400, 404, 503)},
+    dependencies=JOB_TOKEN,
+    responses={code: {"model": ErrorResponse} for code in (400, 401, 404, 503)},
 )
 
 

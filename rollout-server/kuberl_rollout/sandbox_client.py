@@ -40,6 +40,7 @@ from kuberl.api.sandbox_http import (
     WriteRequest,
 )
 from kuberl.rewards import EpisodeScorer
+from kuberl.tokens import bearer
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class SandboxClient:
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.AsyncClient(timeout=timeout)
         self._owns_http = http is None
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._headers = bearer(token)
         self._endpoints: dict[str, str] = {}  # session id -> the server that holds it
         self.full_wait_s = full_wait_s
         """How long opening a session waits for a place on full servers before the 503 is raised (the

@@ -20,6 +20,7 @@ from kuberl.modeling.tool_calls import REPOSITORY_SYSTEM_PROMPT, SWE_SYSTEM_PROM
 from kuberl.rewards import check_tasks, resolve_reward
 from kuberl.storage import check_model_folder, local_copy
 from kuberl.suites import environment_tasks
+from kuberl.tokens import read_job_token
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import create_app
 from kuberl_rollout.engine import EngineConfig, RolloutEngine
@@ -36,6 +37,8 @@ class RolloutSettings:
     job: RLJob
     sandbox_urls: list[str]
     sandbox_token: str
+    job_token: str
+    """What every caller but the probes presents (`kuberl_rollout.auth`)."""
     model_path: str | None = None
     """Overrides spec.model.uri (a local copy already made)."""
     server_url: str = "http://127.0.0.1:8800"
@@ -168,7 +171,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             drain_timeout_s=None if drain is None else parse_duration(drain),
         )
 
-    return create_app(build_state, shutdown=engine.shutdown)
+    return create_app(build_state, settings.job_token, shutdown=engine.shutdown)
 
 
 def settings_from_env(
@@ -181,5 +184,10 @@ def settings_from_env(
     if not token:
         raise ValueError("no sandbox token: set KUBERL_SANDBOX_TOKEN")
     return RolloutSettings(
-        job=job, sandbox_urls=urls, sandbox_token=token, model_path=model_path, server_url=server_url
+        job=job,
+        sandbox_urls=urls,
+        sandbox_token=token,
+        job_token=read_job_token(),  # MissingToken is a ValueError: a usage error naming what to set
+        model_path=model_path,
+        server_url=server_url,
     )

@@ -1,8 +1,11 @@
 """Recorded sessions (`/v1/sessions`): open one, point any OpenAI client at its base URL, close it with a reward.
 
 Bodies are `kuberl.api.sessions_http` (the session API) and `kuberl.api.openai_http` (the calls); every error
-is answered in OpenAI's shape, so an OpenAI client raises with the message: 404 for an unknown session, 409
-for a call to (or a second close of) a closed one. Nothing of a refused call is recorded.
+is answered in OpenAI's shape, so an OpenAI client raises with the message: 401 without the right key, 404 for
+an unknown session, 409 for a call to (or a second close of) a closed one. Nothing of a refused call is recorded.
+
+Opening a session asks for the job token; the answer carries the session's own API key, which opens that
+session's routes (and no other's): give it to the OpenAI client as its `api_key`. The job token opens them too.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from kuberl.api.openai_http import ChatCompletion, ChatRequest, ErrorResponse, ModelCard, ModelList
-from kuberl.api.sessions_http import ClosedSession, CloseSession, OpenSession, SessionInfo
+from kuberl.api.sessions_http import ClosedSession, CloseSession, OpenedSession, OpenSession, SessionInfo
 from kuberl.api.trajectory import FinishReason
 from kuberl_rollout import openai_chat
+from kuberl_rollout.auth import JOB_TOKEN, SESSION_KEY
 from kuberl_rollout.openai_errors import OpenAIError, OpenAIRoute
 from kuberl_rollout.openai_routes import card, chat_answer, chat_max_tokens, generate, refuse_unsupported
 from kuberl_rollout.state import State
@@ -24,12 +28,12 @@ router = APIRouter(
     prefix="/v1/sessions",
     tags=["sessions"],
     route_class=OpenAIRoute,
-    responses={code: {"model": ErrorResponse} for code in (400, 404, 409, 503)},
+    responses={code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 503)},
 )
 
 
-@router.post("", status_code=201)
-async def open_session(body: OpenSession, request: Request, s: State) -> SessionInfo:
+@router.post("", status_code=201, dependencies=JOB_TOKEN)
+async def open_session(body: OpenSession, request: Request, s: State) -> OpenedSession:
     task = body.task
     if body.task_id is not None:
         if body.task is not None:
@@ -38,15 +42,15 @@ async def open_session(body: OpenSession, request: Request, s: State) -> Session
         if task is None:
             raise OpenAIError(404, f"unknown task {body.task_id!r}", "taskId", "task_not_found")
     session = s.service.sessions.open(str(request.base_url), task, body.group_id)
-    return session.describe()
+    return OpenedSession(**session.describe().model_dump(), api_key=session.api_key)
 
 
-@router.get("/{session_id}")
+@router.get("/{session_id}", dependencies=SESSION_KEY)
 async def describe(session_id: str, s: State) -> SessionInfo:
     return s.service.sessions.describe(session_id)
 
 
-@router.post("/{session_id}/close")
+@router.post("/{session_id}/close", dependencies=SESSION_KEY)
 async def close(session_id: str, body: CloseSession, s: State) -> ClosedSession:
     store = s.service.sessions
     session = store.get(session_id)
@@ -64,13 +68,13 @@ async def close(session_id: str, body: CloseSession, s: State) -> ClosedSession:
     return ClosedSession(session=info, trajectory=trajectory)
 
 
-@router.get("/{session_id}/openai/v1/models")
+@router.get("/{session_id}/openai/v1/models", dependencies=SESSION_KEY)
 async def models(session_id: str, s: State) -> ModelList:
     s.service.sessions.get(session_id)
     return ModelList(data=[card(s)])
 
 
-@router.get("/{session_id}/openai/v1/models/{model_id:path}")
+@router.get("/{session_id}/openai/v1/models/{model_id:path}", dependencies=SESSION_KEY)
 async def model(session_id: str, model_id: str, s: State) -> ModelCard:
     s.service.sessions.get(session_id)
     if model_id != s.model_name:
@@ -79,7 +83,10 @@ async def model(session_id: str, model_id: str, s: State) -> ModelCard:
 
 
 @router.post(
-    "/{session_id}/openai/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletion}}
+    "/{session_id}/openai/v1/chat/completions",
+    response_model=None,
+    responses={200: {"model": ChatCompletion}},
+    dependencies=SESSION_KEY,
 )
 async def chat_completions(session_id: str, body: ChatRequest, s: State) -> ChatCompletion | StreamingResponse:
     session = s.service.sessions.get(session_id)
@@ -108,7 +115,7 @@ async def chat_completions(session_id: str, body: ChatRequest, s: State) -> Chat
     return chat_answer(s, body, prompt.ids, gen)
 
 
-@router.post("/{session_id}/openai/v1/completions", include_in_schema=False)
+@router.post("/{session_id}/openai/v1/completions", include_in_schema=False, dependencies=SESSION_KEY)
 async def completions(session_id: str) -> None:
     raise OpenAIError(
         404,

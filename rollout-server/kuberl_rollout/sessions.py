@@ -20,6 +20,7 @@ from typing import Any
 from kuberl.api.environment import Task
 from kuberl.api.sessions_http import SessionInfo
 from kuberl.api.trajectory import FinishReason, Trajectory, Turn
+from kuberl.tokens import new_token
 from kuberl_rollout.agent import TokenRecord
 from kuberl_rollout.engine import Generation
 from kuberl_rollout.openai_errors import OpenAIError
@@ -66,6 +67,8 @@ class RecordedSession:
     started: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Calls of one session are recorded one at a time, in the order they arrive."""
+    api_key: str = field(default_factory=new_token, repr=False)
+    """The bearer token of this session's routes (`kuberl_rollout.auth`)."""
     _last_texts: tuple[str, ...] = ()
     """The previous call's prompt and completion as text: exactly as sampled, and as the agent saw it."""
 
@@ -169,12 +172,14 @@ class RecordedSession:
 
 
 class SessionStore:
-    """The open sessions, and the last `keep_closed` closed ones (a call to one answers 409, not 404)."""
+    """The open sessions, and the last `keep_closed` closed ones (a call to one answers 409, not 404), with the
+    API keys of both."""
 
     def __init__(self, tokenizer: Any, keep_closed: int = 1024) -> None:
         self.tokenizer = tokenizer
         self.open_sessions: dict[str, RecordedSession] = {}
         self.recently_closed: OrderedDict[str, SessionInfo] = OrderedDict()
+        self.api_keys: dict[str, str] = {}
         self.keep_closed = keep_closed
 
     def open(
@@ -191,7 +196,12 @@ class SessionStore:
             session_id, task, group_id or session_id, base_url, self.tokenizer, max_tokens, episode
         )
         self.open_sessions[session_id] = session
+        self.api_keys[session_id] = session.api_key
         return session
+
+    def api_key(self, session_id: str) -> str | None:
+        """The API key of an open or recently closed session; None for one this store does not know."""
+        return self.api_keys.get(session_id)
 
     def get(self, session_id: str) -> RecordedSession:
         """The open session `session_id`; an OpenAI-shaped 409 when it closed, 404 when it is unknown."""
@@ -216,5 +226,6 @@ class SessionStore:
         self.open_sessions.pop(session.id, None)
         info = self.recently_closed[session.id] = session.describe()
         while len(self.recently_closed) > self.keep_closed:
-            self.recently_closed.popitem(last=False)
+            forgotten, _ = self.recently_closed.popitem(last=False)
+            self.api_keys.pop(forgotten, None)
         return info

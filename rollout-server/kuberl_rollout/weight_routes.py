@@ -1,7 +1,8 @@
 """Weight updates: the served version, bucketed uploads from the learner (streamed to staging files), and loads
 from storage.
 
-Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too.
+Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too; every route asks for the
+job token (an upload is refused before a byte of it is staged).
 """
 
 from __future__ import annotations
@@ -15,11 +16,17 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from kuberl.api.rollout_http import BucketQuery, BucketReceipt, LoadWeights, Policy, Problem, WeightsLoaded
+from kuberl_rollout.auth import JOB_TOKEN
 from kuberl_rollout.service import WorkError
 from kuberl_rollout.state import State
 from kuberl_rollout.weights import WeightError
 
-router = APIRouter(prefix="/v1", tags=["weights"], responses={code: {"model": Problem} for code in (400, 422, 503)})
+router = APIRouter(
+    prefix="/v1",
+    tags=["weights"],
+    dependencies=JOB_TOKEN,
+    responses={code: {"model": Problem} for code in (400, 401, 422, 503)},
+)
 
 
 @router.get("/policy")

@@ -1,6 +1,7 @@
 """The learner's work API: submit task groups, follow or cancel them, take finished trajectories.
 
-Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too.
+Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too; every route asks for the
+job token.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from kuberl.api.rollout_http import AcceptedGroup, GroupInfo, Problem, SubmitGroup, Trajectories, TrajectoryQuery
+from kuberl_rollout.auth import JOB_TOKEN
 from kuberl_rollout.state import State
 
 router = APIRouter(
-    prefix="/v1", tags=["work"], responses={code: {"model": Problem} for code in (400, 404, 422, 429, 503)}
+    prefix="/v1",
+    tags=["work"],
+    dependencies=JOB_TOKEN,
+    responses={code: {"model": Problem} for code in (400, 401, 404, 422, 429, 503)},
 )
 
 

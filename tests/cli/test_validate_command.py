@@ -177,7 +177,8 @@ def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tm
         ["run", str(job), "--run-dir", str(tmp_path / "run2")],
         ["rollout-server", str(job), "--sandbox-url", "http://127.0.0.1:9"],
     ):
-        result = kuberl(*argv, env={"KUBERL_SANDBOX_TOKEN": "t"})  # the rollout server needs one to get that far
+        # the rollout server needs its tokens to get that far
+        result = kuberl(*argv, env={"KUBERL_SANDBOX_TOKEN": "t", "KUBERL_JOB_TOKEN": "j"})
         assert result.returncode == 2, result.stderr
         assert "no model weights" in result.stderr and str(tmp_path / "tiny") in result.stderr
         assert "Traceback" not in result.stderr

@@ -16,9 +16,14 @@ from typing import Any
 import yaml
 
 from kuberl.modeling.tiny import build_tiny_model
+from kuberl.tokens import bearer, new_token
 from kuberl_sandbox.local import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
+JOB_TOKEN = new_token()
+"""The job token of every server started here."""
+AUTH = bearer(JOB_TOKEN)
+"""The header that presents it."""
 
 
 @contextmanager
@@ -32,7 +37,8 @@ def agent_server(
     spec: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """{url, model, job, log}: a rollout server running `agent`'s episodes (None: the built-in agent loop) and
-    serving recorded sessions; `model` in place of a fresh tiny one, `spec` sections merged in one level deep."""
+    serving recorded sessions to callers with JOB_TOKEN; `model` in place of a fresh tiny one, `spec` sections
+    merged in one level deep."""
     # its own copy: `make demo` may rebuild runs/models/tiny-llama meanwhile
     model = model or build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=3)
     job = {
@@ -66,6 +72,7 @@ def agent_server(
         **os.environ,
         "PYTHONPATH": path,
         "KUBERL_SANDBOX_TOKEN": sandbox.token,
+        "KUBERL_JOB_TOKEN": JOB_TOKEN,
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         **(extra_env or {}),

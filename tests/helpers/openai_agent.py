@@ -10,7 +10,7 @@ TURNS = 3
 
 async def solve(task, base_url, env):
     """Ask the model, run the tests, show it their output; after TURNS turns, submit."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=env.api_key, max_retries=0)
     messages = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": env.observation}]
     for turn in range(TURNS):
         answer = await client.chat.completions.create(model="policy", messages=messages, max_tokens=12, seed=turn)

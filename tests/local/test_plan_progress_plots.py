@@ -48,6 +48,9 @@ def test_the_plan_starts_the_tiers_in_order_with_the_same_entrypoints_as_the_pod
     ]
     assert specs[0].env["KUBERL_SANDBOX_TOKEN"] == "tok" == specs[2].env["KUBERL_SANDBOX_TOKEN"]
     assert "KUBERL_SANDBOX_TOKEN" not in specs[-1].env  # the learner never talks to sandboxes
+    # the rollout servers and the learner read the run's job token from its file; the sandboxes never see it
+    assert specs[2].env["KUBERL_JOB_TOKEN_FILE"] == "runs/j/job-token" == specs[-1].env["KUBERL_JOB_TOKEN_FILE"]
+    assert all(not name.startswith("KUBERL_JOB_TOKEN") for s in specs[:2] for name in s.env)
     assert specs[2].ready_url == "http://127.0.0.1:8801/readyz" and specs[2].live_url.endswith("/healthz")
 
 

@@ -55,6 +55,7 @@ EXPECTED_CHILDREN = {
     "service/{job}-sandbox",
     "configmap/{job}-config",
     "secret/{job}-sandbox-token",
+    "secret/{job}-job-token",
 }
 
 

@@ -41,12 +41,12 @@ def rljob(name: str, **spec: Any) -> RLJob:
 
 
 def stored(api: Api, job: RLJob) -> dict[str, dict[str, Any]]:
-    """'Kind/name' -> the stored object, for every child the job has (the token Secret included)."""
+    """'Kind/name' -> the stored object, for every child the job has (the token Secrets included)."""
     out = {}
     for obj in desired_objects(job, NS, owner=None):
         out[f"{obj['kind']}/{obj['metadata']['name']}"] = api.get(object_path(obj))
-    secret = f"/api/v1/namespaces/{NS}/secrets/{job.name}-sandbox-token"
-    out[f"Secret/{job.name}-sandbox-token"] = api.get(secret)
+    for secret in (f"{job.name}-sandbox-token", f"{job.name}-job-token"):
+        out[f"Secret/{secret}"] = api.get(f"/api/v1/namespaces/{NS}/secrets/{secret}")
     return out
 
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
+from helpers.agent_server import AUTH, JOB_TOKEN
 
-from kuberl.api.sessions_http import SessionInfo
+from kuberl.api.sessions_http import OpenedSession, SessionInfo
 from kuberl.api.spec import AlgorithmSpec, FsdpSpec
 from kuberl.api.trajectory import Trajectory
 from kuberl.cli import main
@@ -54,7 +55,7 @@ def counters(url: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_an_openai_client_loop_trains_through_the_learners_stream(agent_server):
-    rollout = RolloutClient([agent_server["url"]])
+    rollout = RolloutClient([agent_server["url"]], JOB_TOKEN)
     before = counters(agent_server["url"])
     group = rollout.submit_task(TASK, size=2, seed=1)
     trajectories = collect(rollout, group.group_id, 2)
@@ -83,7 +84,7 @@ def test_an_openai_client_loop_trains_through_the_learners_stream(agent_server):
 @pytest.mark.slow
 def test_an_agent_that_raises_fails_its_episode_and_the_server_serves_on(agent_server):
     url = agent_server["url"]
-    rollout = RolloutClient([url])
+    rollout = RolloutClient([url], JOB_TOKEN)
     crashing = TASK.model_copy(update={"metadata": {**TASK.metadata, "testAgent": "crash"}})
     group = rollout.submit_task(crashing, size=1, seed=2)
     (t,) = collect(rollout, group.group_id, 1)
@@ -128,14 +129,15 @@ def getting_started_agent():
 @pytest.mark.slow
 def test_the_getting_started_agent_plays_an_episode(agent_server, sandbox):
     solve = getting_started_agent()
-    answer = httpx.post(f"{agent_server['url']}/v1/sessions", json={})
-    session = SessionInfo.model_validate_json(answer.content)
+    answer = httpx.post(f"{agent_server['url']}/v1/sessions", json={}, headers=AUTH)
+    session = OpenedSession.model_validate_json(answer.content)
 
     async def play() -> EpisodeEnvironment:
         client = SandboxClient(sandbox.url, sandbox.token)
         env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))
         observation = await env.reset(TASK)
-        local = RecordedSession("local", TASK, "g", session.base_url, tokenizer=None)  # the turns' tools land here
+        # the turns' tools land here; the agent's calls go to the server's session, with its key
+        local = RecordedSession("local", TASK, "g", session.base_url, tokenizer=None, api_key=session.api_key)
         handle = EpisodeEnvironment(env, observation, local, EpisodeLimits())
         try:
             await solve(TASK, session.base_url, handle)
@@ -146,5 +148,7 @@ def test_the_getting_started_agent_plays_an_episode(agent_server, sandbox):
 
     handle = asyncio.run(play())
     assert handle.done and handle.steps <= 13  # within the default 16 tool calls
-    info = SessionInfo.model_validate_json(httpx.get(f"{agent_server['url']}/v1/sessions/{session.id}").content)
+    info = SessionInfo.model_validate_json(
+        httpx.get(f"{agent_server['url']}/v1/sessions/{session.id}", headers=AUTH).content
+    )
     assert info.calls >= 1 and info.history_mismatches == 0

@@ -56,6 +56,7 @@ def test_a_task_file_without_fail_to_pass_is_refused_with_the_file_and_the_field
 @pytest.mark.parametrize("command", ["rollout-server", "run"])
 def test_the_cli_exits_2_on_such_a_file(tmp_path, old_task_file, monkeypatch, command):
     monkeypatch.setenv("KUBERL_SANDBOX_TOKEN", "token")
+    monkeypatch.setenv("KUBERL_JOB_TOKEN", "job-token")
     argv = [command, job_file(tmp_path, old_task_file)]
     argv += ["--sandbox-url", "http://127.0.0.1:1"] if command == "rollout-server" else ["--no-evaluate"]
     result = CliRunner().invoke(main, argv)

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from helpers.agent_server import AUTH, JOB_TOKEN
 from minisweagent.exceptions import Submitted
 from transformers import AutoTokenizer
 
@@ -98,7 +99,7 @@ def saved_calls(folder: Path) -> dict[str, list[dict]]:
 @pytest.mark.slow
 def test_mini_swe_agent_trains_a_tiny_model_on_the_ids_it_was_sampled(mswea_server):
     url = mswea_server["url"]
-    rollout = RolloutClient([url])
+    rollout = RolloutClient([url], JOB_TOKEN)
     tokenizer = AutoTokenizer.from_pretrained(mswea_server["model"])
     model = load_policy(str(mswea_server["model"]), FsdpSpec(activation_checkpointing=False), torch.device("cpu"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -121,7 +122,9 @@ def test_mini_swe_agent_trains_a_tiny_model_on_the_ids_it_was_sampled(mswea_serv
                 assert trained == answer["extra"]["response"]["choices"][0]["token_ids"]
                 assert t.loss_mask[turn.start : turn.action_end] == [1] * len(trained)
                 assert tokenizer.decode(trained, skip_special_tokens=True) == answer["content"]
-            info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{t.trajectory_id}").content)
+            info = SessionInfo.model_validate_json(
+                httpx.get(f"{url}/v1/sessions/{t.trajectory_id}", headers=AUTH).content
+            )
             assert info.calls == STEPS and info.reused_tokens > info.encoded_tokens
             reuse.append((info.reused_tokens, info.encoded_tokens))
 

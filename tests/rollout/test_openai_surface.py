@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tokenizer
 from kuberl.rewards import resolve_reward
+from kuberl.tokens import bearer, new_token
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.engine import Generation
@@ -36,6 +37,7 @@ READ_FILE = {
     },
 }
 MESSAGES = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix calc.py"}]
+TOKEN = new_token()
 
 
 class FakeEngine:
@@ -85,8 +87,8 @@ def server(tokenizer):
         service = RolloutService(agent, object, resolve_reward("swe-toy-tests"), {}, 1, RolloutMetrics())
         return RolloutState(service, service.metrics, MODEL, "wait", BucketAssembler({}), CONTEXT)
 
-    with TestClient(create_app(build_state), base_url="http://rollout") as http:
-        client = openai.OpenAI(base_url="http://rollout/v1", api_key="unused", http_client=http, max_retries=0)
+    with TestClient(create_app(build_state, TOKEN), base_url="http://rollout", headers=bearer(TOKEN)) as http:
+        client = openai.OpenAI(base_url="http://rollout/v1", api_key=TOKEN, http_client=http, max_retries=0)
         yield client, engine, http
 
 
@@ -395,8 +397,8 @@ def test_a_loading_server_answers_503_in_openais_shape(tokenizer):
     async def never():
         raise AssertionError("not started")
 
-    http = TestClient(create_app(never), base_url="http://rollout")  # no lifespan: the engine is "loading"
-    client = openai.OpenAI(base_url="http://rollout/v1", api_key="unused", http_client=http, max_retries=0)
+    http = TestClient(create_app(never, TOKEN), base_url="http://rollout")  # no lifespan: the engine is "loading"
+    client = openai.OpenAI(base_url="http://rollout/v1", api_key=TOKEN, http_client=http, max_retries=0)
     with pytest.raises(openai.InternalServerError, match="still loading") as loading:
         client.models.list()
     assert loading.value.status_code == 503

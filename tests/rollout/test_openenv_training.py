@@ -21,7 +21,7 @@ import time
 
 import pytest
 import torch
-from helpers.agent_server import agent_server
+from helpers.agent_server import JOB_TOKEN, agent_server
 from transformers import AutoTokenizer
 
 from kuberl.api.environment import ToolCall
@@ -163,7 +163,7 @@ def held_out_win_rate(rollout: RolloutClient, tokenizer, version: int) -> tuple[
 
 
 def test_a_tiny_model_trains_on_an_openenv_game_and_its_held_out_win_rate_is_measured(guess_server):
-    rollout = RolloutClient([guess_server["url"]])
+    rollout = RolloutClient([guess_server["url"]], JOB_TOKEN)
     tokenizer = AutoTokenizer.from_pretrained(guess_server["model"])
     model = load_policy(str(guess_server["model"]), FsdpSpec(activation_checkpointing=False), torch.device("cpu"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)

@@ -129,7 +129,7 @@ def test_kuberl_rollout_server_refuses_a_process_reward_model_in_one_line(tmp_pa
         "--sandbox-url",
         "http://127.0.0.1:9",
     ]
-    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": "t"}
+    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": "t", "KUBERL_JOB_TOKEN": "j"}
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     # a usage error (exit 2) before any model copy or engine start: no traceback
     assert result.returncode == 2, result.stderr

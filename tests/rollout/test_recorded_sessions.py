@@ -11,10 +11,11 @@ import time
 import httpx
 import openai
 import pytest
+from helpers.agent_server import AUTH, JOB_TOKEN
 from transformers import AutoTokenizer
 
 from kuberl.api.openai_http import ErrorResponse
-from kuberl.api.sessions_http import ClosedSession, CloseSession, OpenSession, SessionInfo
+from kuberl.api.sessions_http import ClosedSession, CloseSession, OpenedSession, OpenSession, SessionInfo
 
 pytestmark = pytest.mark.slow
 SYSTEM = {"role": "system", "content": "You fix bugs."}
@@ -25,18 +26,23 @@ def tokenizer(agent_server):
     return AutoTokenizer.from_pretrained(agent_server["model"])
 
 
-def open_session(url: str, **fields) -> SessionInfo:
-    answer = httpx.post(f"{url}/v1/sessions", json=OpenSession(**fields).wire())
+def open_session(url: str, **fields) -> OpenedSession:
+    answer = httpx.post(f"{url}/v1/sessions", json=OpenSession(**fields).wire(), headers=AUTH)
     assert answer.status_code == 201, answer.text
-    return SessionInfo.model_validate_json(answer.content)
+    return OpenedSession.model_validate_json(answer.content)
 
 
 def close(url: str, session_id: str, reward: float | None) -> httpx.Response:
-    return httpx.post(f"{url}/v1/sessions/{session_id}/close", json=CloseSession(reward=reward).wire())
+    return httpx.post(f"{url}/v1/sessions/{session_id}/close", json=CloseSession(reward=reward).wire(), headers=AUTH)
 
 
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+def client(base_url: str, api_key: str = JOB_TOKEN) -> openai.OpenAI:
+    """An OpenAI client of `base_url`: a session's with its API key, the server's with the job token."""
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+
+
+def session_client(session: OpenedSession) -> openai.OpenAI:
+    return client(session.base_url, session.api_key)
 
 
 def ask(llm: openai.OpenAI, messages: list[dict], seed: int, stream: bool = False) -> dict:
@@ -74,7 +80,7 @@ def test_a_multi_turn_session_trains_exactly_the_sampled_ids(agent_server):
     url = agent_server["url"]
     session = open_session(url)
     assert session.base_url == f"{url}/v1/sessions/{session.id}/openai/v1"
-    llm = client(session.base_url)
+    llm = session_client(session)
     assert [m.id for m in llm.models.list().data] == [str(agent_server["model"])]
     calls = converse(llm, turns=4)
 
@@ -102,12 +108,12 @@ def test_a_multi_turn_session_trains_exactly_the_sampled_ids(agent_server):
 def test_an_edited_history_starts_a_new_counted_segment(agent_server):
     url = agent_server["url"]
     session = open_session(url, group_id="edited")
-    llm = client(session.base_url)
+    llm = session_client(session)
     messages = [SYSTEM, {"role": "user", "content": "Fix calc.py."}]
     first = ask(llm, messages, seed=1)
     edited = [*messages, {"role": "assistant", "content": "(summarised)"}, {"role": "user", "content": "go on"}]
     second = ask(llm, edited, seed=2)
-    info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{session.id}").content)
+    info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{session.id}", headers=AUTH).content)
     assert (info.calls, info.segments, info.history_mismatches, info.reused_tokens) == (2, 2, 1, 0)
 
     t = ClosedSession.model_validate_json(close(url, session.id, 0.0).content).trajectory
@@ -121,7 +127,7 @@ def test_an_edited_history_starts_a_new_counted_segment(agent_server):
 def test_closed_and_unknown_sessions_are_refused_in_openai_shape(agent_server):
     url = agent_server["url"]
     session = open_session(url)
-    llm = client(session.base_url)
+    llm = session_client(session)
     ask(llm, [{"role": "user", "content": "hi"}], seed=3)
     without_reward = close(url, session.id, None)
     assert without_reward.status_code == 400 and "reward is required" in without_reward.text
@@ -132,7 +138,7 @@ def test_closed_and_unknown_sessions_are_refused_in_openai_shape(agent_server):
     again = close(url, session.id, 1.0)
     assert again.status_code == 409
     assert ErrorResponse.model_validate_json(again.content).error.code == "session_closed"
-    info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{session.id}").content)
+    info = SessionInfo.model_validate_json(httpx.get(f"{url}/v1/sessions/{session.id}", headers=AUTH).content)
     assert (info.closed, info.calls) == (True, 1)  # nothing of the refused call or close was recorded
 
     unknown = close(url, "no-such-session", 1.0)
@@ -142,7 +148,7 @@ def test_closed_and_unknown_sessions_are_refused_in_openai_shape(agent_server):
         client(f"{url}/v1/sessions/no-such-session/openai/v1").models.list()
     idle = ClosedSession.model_validate_json(close(url, open_session(url).id, 0.0).content)
     assert idle.session.calls == 0 and idle.trajectory.generated_tokens == 0  # a prompt alone, nothing to train
-    bad = httpx.post(f"{url}/v1/sessions", json={"taskId": "no-such-task"})
+    bad = httpx.post(f"{url}/v1/sessions", json={"taskId": "no-such-task"}, headers=AUTH)
     assert bad.status_code == 404 and ErrorResponse.model_validate_json(bad.content).error.param == "taskId"
 
 
@@ -150,7 +156,7 @@ def test_recording_costs_little_against_a_plain_completion_call(agent_server):
     """The same conversation through a session and through /v1/chat/completions, call for call (reported, loosely
     bounded: both are dominated by the engine, and the recorded call tokenises only the new messages)."""
     url = agent_server["url"]
-    plain, recorded = client(f"{url}/v1"), client(open_session(url).base_url)
+    plain, recorded = client(f"{url}/v1"), session_client(open_session(url))
     histories = {name: [SYSTEM, {"role": "user", "content": "Fix calc.py: add() returns a - b."}] for name in "pr"}
     timings: dict[str, list[float]] = {"p": [], "r": []}
     for turn in range(6):

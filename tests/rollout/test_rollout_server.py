@@ -24,6 +24,7 @@ from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
+from kuberl.tokens import bearer, new_token
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
 from kuberl_trainer.demonstrations import record_demonstration
@@ -31,6 +32,9 @@ from kuberl_trainer.sft import supervised_fit
 from kuberl_trainer.weight_transport import StoredWeights
 
 pytestmark = pytest.mark.slow
+TOKEN = new_token()
+API = httpx.Client(headers=bearer(TOKEN))
+"""Calls with the job token of the server under test."""
 TASK = generate(8, seed=21)[3]
 FILE, BUGGY, FIX = TASK.metadata["file"], TASK.metadata["buggy"], TASK.metadata["fix"]
 # Short enough for a tiny model to memorise from one demonstration and replay greedily.
@@ -89,6 +93,7 @@ def world(tmp_path_factory):
         env = {
             **os.environ,
             "KUBERL_SANDBOX_TOKEN": sandbox.token,
+            "KUBERL_JOB_TOKEN": TOKEN,
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
         }
@@ -128,14 +133,14 @@ def world(tmp_path_factory):
 def collect(url: str, count: int, timeout: float = 120) -> list[dict]:
     found, deadline = [], time.monotonic() + timeout
     while len(found) < count and time.monotonic() < deadline:
-        found += httpx.get(url + "/v1/trajectories", params={"wait": 10}, timeout=30).json()["trajectories"]
+        found += API.get(url + "/v1/trajectories", params={"wait": 10}, timeout=30).json()["trajectories"]
     assert len(found) == count, f"only {len(found)} of {count} trajectories"
     return found
 
 
 def test_a_multi_turn_trajectory_is_recorded_token_in_token_out(world):
     url, tokenizer = world["url"], world["tokenizer"]
-    group = httpx.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 2}).json()
+    group = API.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 2}).json()
     trajectories = collect(url, 2)
     for t in trajectories:
         assert t["groupId"] == group["groupId"] and t["finishReason"] == "submitted", tokenizer.decode(t["tokenIds"])
@@ -167,7 +172,7 @@ def test_a_multi_turn_trajectory_is_recorded_token_in_token_out(world):
 
 def test_sampling_logprobs_match_transformers(world):
     url, prompt = world["url"], world["demonstration"].token_ids[:60]
-    out = httpx.post(
+    out = API.post(
         url + "/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": 3}, timeout=60
     ).json()["choices"][0]
     model = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
@@ -183,14 +188,14 @@ def test_a_seeded_long_prompt_is_served(world):
     # a prompt longer than one prefill chunk, with a seed (every rollout episode has one): vLLM 0.32 on CPU
     # crashed here ("CPU Generator does not use offset") until the engine stopped chunking prefills
     prompt = (world["demonstration"].token_ids * 80)[:3500]
-    r = httpx.post(
+    r = API.post(
         world["url"] + "/v1/completions",
         json={"prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": 11},
         timeout=120,
     )
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"][0]["token_ids"]) >= 1
-    assert httpx.get(world["url"] + "/readyz").status_code == 200  # and the engine is still alive
+    assert API.get(world["url"] + "/readyz").status_code == 200  # and the engine is still alive
 
 
 BAD = [
@@ -212,12 +217,12 @@ BAD = [
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "words"), BAD, ids=[f"{b[0]} {b[1]} {b[3]}" for b in BAD])
 def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(world, method, path, body, status, words):
-    response = httpx.request(method, world["url"] + path, json=body, timeout=30)
+    response = API.request(method, world["url"] + path, json=body, timeout=30)
     assert response.status_code == status, response.text
     # the OpenAI-compatible routes answer in OpenAI's error shape, the work API with {detail}
     answer = response.json()
     assert words in (answer["error"]["message"] if path.endswith("completions") else answer["detail"])
-    assert httpx.get(world["url"] + "/readyz").status_code == 200
+    assert API.get(world["url"] + "/readyz").status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -225,14 +230,14 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(world, method, path, 
     [("model.embed_tokens.weight", (3, 3), "has shape [3, 3]"), ("model.not_a_layer.weight", (2,), "unknown weight")],
 )
 def test_wrong_weight_names_and_shapes_are_refused(world, name, shape, words):
-    response = httpx.put(
+    response = API.put(
         world["url"] + "/v1/weights/9/buckets/0", params={"of": 1}, content=save({name: torch.zeros(shape)})
     )
     assert response.status_code == 400 and words in response.json()["detail"]
 
 
 def greedy(url: str, prompt: list[int]) -> dict:
-    return httpx.post(
+    return API.post(
         url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "temperature": 0.0}, timeout=60
     ).json()["choices"][0]
 
@@ -249,7 +254,7 @@ def test_a_weight_update_switches_greedy_outputs_atomically(world):
     buckets = [save({n: new_state[n].contiguous() for n in names[i::2]}) for i in range(2)]
 
     async def race():
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=60, headers=bearer(TOKEN)) as http:
 
             async def ask():
                 r = await http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 16, "temperature": 0.0})
@@ -271,8 +276,8 @@ def test_a_weight_update_switches_greedy_outputs_atomically(world):
         versions = set(answer["policy_versions"])
         assert len(versions) == 1 and answer["token_ids"] == expected[versions.pop()][: len(answer["token_ids"])]
     assert greedy(url, prompt)["token_ids"] == after_expected.tolist()
-    assert httpx.get(url + "/v1/policy").json()["version"] == 1
-    metrics = httpx.get(url + "/metrics").text
+    assert API.get(url + "/v1/policy").json()["version"] == 1
+    metrics = API.get(url + "/metrics").text
     assert (
         "kuberl_rollout_weight_sync_seconds_count 1.0" in metrics and "kuberl_rollout_kv_cache_usage_ratio" in metrics
     )
@@ -281,8 +286,8 @@ def test_a_weight_update_switches_greedy_outputs_atomically(world):
 def test_without_partial_rollouts_no_trajectory_mixes_policy_versions(world):
     url = world["url"]
     model = AutoModelForCausalLM.from_pretrained(world["policy"], dtype=torch.float32)
-    httpx.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 4})
-    update = httpx.put(
+    API.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 4})
+    update = API.put(
         url + "/v1/weights/2/buckets/0",
         params={"of": 1},
         timeout=120,
@@ -292,7 +297,7 @@ def test_without_partial_rollouts_no_trajectory_mixes_policy_versions(world):
     for t in collect(url, 4):
         versions = {v for v, m in zip(t["policyVersions"], t["lossMask"], strict=True) if m}
         assert len(versions) == 1, versions
-    assert httpx.get(url + "/v1/policy").json()["version"] == 2
+    assert API.get(url + "/v1/policy").json()["version"] == 2
 
 
 def test_weights_stored_once_are_loaded_by_the_engine_from_storage(world, tmp_path):
@@ -305,21 +310,21 @@ def test_weights_stored_once_are_loaded_by_the_engine_from_storage(world, tmp_pa
     expected = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt) :].tolist()
     names = sorted(model.state_dict())
     buckets = [save({n: model.state_dict()[n].contiguous() for n in names[i::3]}) for i in range(3)]
-    version = httpx.get(url + "/v1/policy").json()["version"] + 1
-    with httpx.Client(base_url=url, timeout=120) as http:
+    version = API.get(url + "/v1/policy").json()["version"] + 1
+    with httpx.Client(base_url=url, timeout=120, headers=bearer(TOKEN)) as http:
         StoredWeights(str(tmp_path / "weights")).send(http, version, buckets)
     assert len(list((tmp_path / "weights" / f"v{version:08d}").glob("*.safetensors"))) == 3
-    assert httpx.get(url + "/v1/policy").json()["version"] == version
+    assert API.get(url + "/v1/policy").json()["version"] == version
     assert greedy(url, prompt)["token_ids"] == expected
 
 
 def test_a_killed_sandbox_fails_trajectories_with_a_reason_and_never_hangs(world):
     url = world["url"]
-    httpx.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 3})
+    API.post(url + "/v1/groups", json={"task": TASK.to_manifest(), "groupSize": 3})
     os.kill(world["sandbox"].pid, signal.SIGKILL)  # while the episodes open their sessions and take turns
     started = time.monotonic()
     trajectories = collect(url, 3, timeout=90)
     assert time.monotonic() - started < 90
     failed = [t for t in trajectories if t["finishReason"] == "error"]
     assert failed and all("sandbox failed" in t["error"] for t in failed)
-    assert httpx.get(url + "/readyz").status_code == 200
+    assert API.get(url + "/readyz").status_code == 200

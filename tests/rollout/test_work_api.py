@@ -22,6 +22,7 @@ from kuberl.api.rollout_http import SubmitGroup, TrajectoryQuery
 from kuberl.api.trajectory import Trajectory
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
+from kuberl.tokens import bearer, new_token
 from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.service import RolloutService, WorkError
@@ -32,6 +33,7 @@ from kuberl_trainer.weight_transport import StoredWeights
 TASKS = generate(3, seed=5)
 SLOW = TASKS[2]  # its episodes wait until the test lets them finish
 WEIGHTS = {"w": (2, 3)}
+TOKEN = new_token()
 
 
 class FakeEngine:
@@ -173,9 +175,9 @@ def rollout(request):
         sent = json.loads(response.request.content) if response.request.method == "POST" else None
         wire.append((response.request.method, response.request.url.path, sent, response.json()))
 
-    with TestClient(create_app(build_state), base_url="http://rollout") as http:
+    with TestClient(create_app(build_state, TOKEN), base_url="http://rollout", headers=bearer(TOKEN)) as http:
         http.event_hooks["response"].append(record)
-        client = RolloutClient(["http://rollout"])
+        client = RolloutClient(["http://rollout"], TOKEN)
         client.http[0].close()
         client.http = [http]
         yield client, http, made["service"], wire

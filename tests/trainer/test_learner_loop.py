@@ -20,10 +20,13 @@ from conftest import BIN
 from helpers.tiny_job import tiny_job_spec
 
 from kuberl.modeling.tiny import build_tiny_model
+from kuberl.tokens import bearer, new_token
 from kuberl_sandbox.local import free_port, wait_until_ready
 from kuberl_trainer.checkpoints.store import CheckpointStore
 
 pytestmark = pytest.mark.slow
+TOKEN = new_token()
+"""The job token of the rollout server and the learners."""
 
 
 def job(model, checkpoints, **spec) -> dict:
@@ -38,7 +41,8 @@ def servers(tmp_path_factory, sandbox):
     folder = tmp_path_factory.mktemp("loop")
     model = build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=4)
     (folder / "rollout.yaml").write_text(yaml.safe_dump(job(model, folder / "unused")))
-    env = {**os.environ, "KUBERL_SANDBOX_TOKEN": sandbox.token, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    tokens = {"KUBERL_SANDBOX_TOKEN": sandbox.token, "KUBERL_JOB_TOKEN": TOKEN}  # the learners get both too
+    env = {**os.environ, **tokens, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     port = free_port()
     rollout = subprocess.Popen(
         [
@@ -88,7 +92,7 @@ def lines(run_dir) -> list[dict]:
 
 
 def served(url: str) -> int:
-    return httpx.get(url + "/v1/policy").json()["version"]
+    return httpx.get(url + "/v1/policy", headers=bearer(TOKEN)).json()["version"]
 
 
 def test_sync_stops_at_max_steps_with_a_final_checkpoint_and_exports_metrics(servers, tmp_path):

@@ -100,11 +100,13 @@ def run_learner(
     model_path: str,
     run_dir: Path,
     task_ids: list[str],
+    job_token: str,
     log: Callable[[dict], None] = print,
     metrics_port: int | None = None,
     job_started_at: float | None = None,
 ) -> list[dict]:
-    """Train until a stop; returns the metrics of every step this process trained."""
+    """Train until a stop; returns the metrics of every step this process trained. `job_token` is what the
+    rollout servers ask for (`kuberl.tokens`)."""
     spec = job.spec
     rank, world, device = init_distributed()
     torch.manual_seed(spec.training.seed)
@@ -119,7 +121,7 @@ def run_learner(
     state = checkpointer.restore(model, optimizer) or TrainingState(step=0, policy_version=0)
     stop_signal = StopSignal()
     started_at = job_started_at or time.time()
-    driver = _driver(job, rollout_urls, task_ids, state, run_dir, metrics_port) if rank == 0 else None
+    driver = _driver(job, rollout_urls, job_token, task_ids, state, run_dir, metrics_port) if rank == 0 else None
     if driver and checkpointer.last_complete:
         driver.status.checkpoint(checkpointer.last_complete.step, store.uri, checkpointer.last_complete.time)
     # the servers may hold newer weights than this learner (steps lost with the previous learner, or a
@@ -261,11 +263,17 @@ def _signalled() -> Stop:
 
 
 def _driver(
-    job: RLJob, urls: list[str], task_ids: list[str], state: TrainingState, run_dir: Path, metrics_port: int | None
+    job: RLJob,
+    urls: list[str],
+    job_token: str,
+    task_ids: list[str],
+    state: TrainingState,
+    run_dir: Path,
+    metrics_port: int | None,
 ) -> Driver:
     spec = job.spec
     transport = transport_for(spec.rollout.weight_sync, checkpoint_uri(job, run_dir), spec.checkpoint.endpoint_url)
-    client = RolloutClient(urls, transport=transport)
+    client = RolloutClient(urls, job_token, transport=transport)
     asynchronous = spec.training.mode == TrainingMode.ASYNC
     saved = FeedState(state.task_cursor, state.pending_trajectories, [tuple(x) for x in state.in_flight])
     publisher = WeightPublisher(client, background=asynchronous)

@@ -6,7 +6,8 @@ marked down and skipped; one that answers with a new boot id has restarted, lost
 serves its initial weights. `collect` reports both, so the caller can re-submit that server's groups
 and send it the current weights.
 
-Requests and answers are the models of `kuberl.api.rollout_http`, the ones the server declares.
+Requests and answers are the models of `kuberl.api.rollout_http`, the ones the server declares; every request
+presents the job token (`kuberl.tokens`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import httpx
 from kuberl.api.environment import Task
 from kuberl.api.rollout_http import AcceptedGroup, Policy, SubmitGroup, Trajectories, TrajectoryQuery
 from kuberl.api.trajectory import Trajectory
+from kuberl.tokens import bearer
 from kuberl_trainer.weight_transport import HttpBuckets, WeightTransport
 
 log = logging.getLogger(__name__)
@@ -49,12 +51,16 @@ class Collected:
 
 
 class RolloutClient:
-    def __init__(self, urls: list[str], timeout: float = 600.0, transport: WeightTransport | None = None) -> None:
+    def __init__(
+        self, urls: list[str], token: str, timeout: float = 600.0, transport: WeightTransport | None = None
+    ) -> None:
         if not urls:
             raise ValueError("the learner needs at least one rollout server URL (--rollout-url)")
         self.urls = urls
         self.transport = transport or HttpBuckets()
-        self.http = [httpx.Client(base_url=u, timeout=httpx.Timeout(timeout, connect=5.0)) for u in urls]
+        self.http = [
+            httpx.Client(base_url=u, headers=bearer(token), timeout=httpx.Timeout(timeout, connect=5.0)) for u in urls
+        ]
         self.boot_ids: list[str | None] = [None] * len(urls)
         self.down: set[int] = set()
         self._turn = 0

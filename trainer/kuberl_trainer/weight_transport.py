@@ -23,7 +23,8 @@ from kuberl_trainer.checkpoints.store import open_backend
 
 class WeightTransport(Protocol):
     def send(self, http: httpx.Client, version: int, buckets: list[bytes]) -> None:
-        """Give the server behind `http` the weights of `version`; raises httpx errors when it cannot."""
+        """Give the server behind `http` (a client that presents the job token) the weights of `version`; raises
+        httpx errors when it cannot."""
         ...
 
 

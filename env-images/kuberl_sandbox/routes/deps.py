@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from kuberl.tokens import bearer_matches
 from kuberl_sandbox.sessions import Session, SessionError, SessionManager
 
 
 async def authenticate(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
     """The bearer token, compared in constant time."""
-    scheme, _, presented = (authorization or "").partition(" ")
-    token: bytes = request.app.state.token
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), token):
+    if not bearer_matches(authorization, request.app.state.token):
         raise SessionError(401, "missing or wrong bearer token")
 
 
