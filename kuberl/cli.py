@@ -233,7 +233,7 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
     from kuberl.api.types import parse_duration
     from kuberl_sandbox.api import create_app
     from kuberl_sandbox.execution import namespaces_available
-    from kuberl_sandbox.sessions import isolation_problem
+    from kuberl_sandbox.sessions import isolation_problem, report_start_failure
     from kuberl_sandbox.settings import SandboxSettings
     from kuberl_sandbox.uids import mapped_blocks
 
@@ -247,7 +247,8 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
         raise click.UsageError(str(err)) from None
     first_uid, _, _ = mapped_blocks(settings.uid_base, settings.uid_block_size, settings.uid_blocks)
     if problem := isolation_problem(settings, namespaces_available(first_uid)):
-        raise click.UsageError(problem)
+        report_start_failure(problem)  # one line, also where Kubernetes keeps a container's last words
+        sys.exit(1)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
 
 

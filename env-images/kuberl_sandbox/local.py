@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,15 +44,17 @@ def local_sandbox(
     token: str | None = None,
     launcher: Sequence[str] = (),
     extra_groups: Sequence[int] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[SandboxEndpoint]:
     """A `kuberl sandbox` process on 127.0.0.1 with a fresh root folder and token (or the one given: servers
     of one job share it), advertising its own URL, stopped on exit. `launcher` is put before the command
-    (tests start it with fewer capabilities, or in a user namespace); `extra_groups` are given to the process."""
+    (tests start it with fewer capabilities, or in a user namespace); `extra_groups` are given to the process;
+    `env` adds to its environment (KUBERL_SANDBOX_EGRESS, say)."""
     base = Path(tempfile.mkdtemp(prefix="kuberl-sbx-", dir="/tmp"))  # /tmp: reachable by session users
     os.chmod(base, 0o711)
     token, port = token or secrets.token_hex(16), free_port()
     log = base / "server.log"
-    env = {**os.environ, env_vars.SANDBOX_TOKEN: token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
+    env = {**os.environ, **(env or {}), env_vars.SANDBOX_TOKEN: token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
     argv = [
         *launcher,
         sys.executable,

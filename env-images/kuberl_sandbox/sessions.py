@@ -16,6 +16,7 @@ import secrets
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -62,6 +63,20 @@ def isolation_problem(settings: SandboxSettings, why: str | None) -> str | None:
         "server with CAP_SETUID and CAP_SETGID; refusing to run agent code unisolated "
         "(development only: KUBERL_SANDBOX_ALLOW_SHARED_USER=1)."
     )
+
+
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Where Kubernetes reads a container's last words (terminationMessagePath): the operator shows them in the job's
+status."""
+
+
+def report_start_failure(problem: str, termination_log: Path = TERMINATION_LOG) -> None:
+    """Say why the server does not start: one line on stderr, and in the termination log where the kubelet
+    made one (never a new file elsewhere)."""
+    print(problem, file=sys.stderr, flush=True)
+    if termination_log.is_file():
+        with contextlib.suppress(OSError):
+            termination_log.write_text(problem)
 
 
 def _module_of(path: str) -> str:

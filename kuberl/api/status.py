@@ -50,6 +50,9 @@ class Reason(StrEnum):
 LEARNER_STOPPED = "LearnerStopped"
 """The condition the learner sets when it stopped itself (a breaker, or training done); its reason is a `Reason`.
 The operator reads it and ends the job with `kuberl.api.breakers.phase_for(reason)`."""
+SANDBOX_ISOLATED = "SandboxIsolated"
+"""The condition the operator sets from the sandbox pods: False, with the server's own one-line reason, while a
+sandbox server refuses to start because the node cannot isolate sessions (no unprivileged user namespaces)."""
 LEARNER_FIELDS = ("step", "policyVersion", "lastCheckpoint", "rewardMean", "tokensPerSecond", "staleness")
 """The status fields the learner owns (and writes); the operator owns the phase and the other conditions."""
 

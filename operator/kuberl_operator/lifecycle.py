@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from kuberl.api.breakers import Progress, phase_for, stop_for
 from kuberl.api.spec import RLJobSpec
-from kuberl.api.status import TERMINAL_PHASES, Condition, PerTier, Phase, Reason, RLJobStatus
+from kuberl.api.status import SANDBOX_ISOLATED, TERMINAL_PHASES, Condition, PerTier, Phase, Reason, RLJobStatus
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX
 
 TIERS = (LEARNER, ROLLOUT, SANDBOX)
@@ -77,6 +77,7 @@ class Observed:
     last_progress: datetime | None = None  # when status.step last advanced (None: not seen advancing yet)
     learner_stop: LearnerStop | None = None
     admitted: bool | None = None  # Kueue's admission of a queued job (None: the job is not queued)
+    sandbox_problem: str | None = None  # why a sandbox server would not start (None: none said so)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def next_state(spec: RLJobSpec, status: RLJobStatus, observed: Observed, generat
             "ready_workers": PerTier(**{t: observed.tiers[t].ready for t in TIERS if t in observed.tiers}),
         }
     )
+    new = _sandbox_isolation(new, observed)
     if spec.suspend or observed.admitted is False:
         reason = Reason.SUSPENDED_BY_USER if spec.suspend else Reason.WAITING_FOR_ADMISSION
         if status.phase == Phase.SUSPENDED and status.reason == reason:
@@ -224,6 +226,20 @@ def _workers(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
             status, now, Phase.RUNNING, Reason.TRAINING, "every tier is ready; training", tuple(actions), tuple(events)
         )
     return Decision(status, tuple(actions), tuple(events))
+
+
+def _sandbox_isolation(status: RLJobStatus, observed: Observed) -> RLJobStatus:
+    """SandboxIsolated: False with the server's reason while one says it cannot isolate sessions; True again
+    once sandbox pods are ready and none says so (set only after it was ever False: quiet by default)."""
+    problem, now = observed.sandbox_problem, observed.now
+    had = next((c for c in status.conditions if c.type == SANDBOX_ISOLATED), None)
+    if problem is not None:
+        conditions = set_condition(status.conditions, SANDBOX_ISOLATED, False, "CannotIsolateSessions", problem, now)
+    elif had is not None and had.status == "False" and SANDBOX in observed.tiers and observed.tiers[SANDBOX].ready > 0:
+        conditions = set_condition(status.conditions, SANDBOX_ISOLATED, True, "SessionsIsolated", "", now)
+    else:
+        return status
+    return status.model_copy(update={"conditions": conditions})
 
 
 def _all_ready(tiers: Mapping[str, TierState]) -> bool:

@@ -33,8 +33,37 @@ def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
                 for c in spec.get("containers") or []
             ],
         },
-        "status": {k: v for k, v in status.items() if k in ("phase", "conditions", "podIP")},
+        "status": {
+            **{k: v for k, v in status.items() if k in ("phase", "conditions", "podIP")},
+            "terminationMessages": termination_messages(status),
+        },
     }
+
+
+def termination_messages(status: dict[str, Any]) -> list[str]:
+    """What the pod's containers said as they ended (now or the last time), newest state first."""
+    messages = []
+    for container in status.get("containerStatuses") or []:
+        for state in ("state", "lastState"):
+            message = (((container.get(state) or {}).get("terminated")) or {}).get("message")
+            if message:
+                messages.append(str(message).strip())
+    return messages
+
+
+def sandbox_start_failure(pods: list[dict[str, Any]]) -> str | None:
+    """Why a sandbox server of the job would not start (its own words, kuberl_sandbox.sessions.report_start_failure),
+    if one said so; pods given as pod_summary keeps them."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        if ((pod["metadata"].get("labels") or {}).get(TIER_LABEL)) != SANDBOX:
+            continue
+        status = pod.get("status") or {}
+        messages = status.get("terminationMessages")
+        if messages is None:
+            messages = termination_messages(status)
+        if messages:
+            return messages[0]
+    return None
 
 
 @dataclass(frozen=True)

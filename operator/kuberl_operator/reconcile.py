@@ -32,7 +32,14 @@ from kuberl_operator.lifecycle import (
 )
 from kuberl_operator.meta import JOB_LABEL, LEARNER, MANAGED_BY, QUEUE, SANDBOX, TIER_LABEL, child_name
 from kuberl_operator.network_policy import NetworkPeers
-from kuberl_operator.observe import NodeCapacity, desired_replicas, gpus_by_tier, learner_stop, tier_states
+from kuberl_operator.observe import (
+    NodeCapacity,
+    desired_replicas,
+    gpus_by_tier,
+    learner_stop,
+    sandbox_start_failure,
+    tier_states,
+)
 from kuberl_operator.security import SandboxPodSecurity
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
@@ -325,6 +332,7 @@ def _decide(
         last_progress=memory.last_progress,
         learner_stop=learner_stop(body.get("status") or {}),
         admitted=admitted,
+        sandbox_problem=sandbox_start_failure(pods),
     )
     return old, next_state(job.spec, old, observed, generation=meta.get("generation")), observed
 

@@ -8,7 +8,7 @@ import pytest
 
 from kuberl.api.breakers import Progress, stop_for
 from kuberl.api.spec import RLJobSpec
-from kuberl.api.status import CheckpointRef, PerTier, Phase, Reason, RLJobStatus
+from kuberl.api.status import SANDBOX_ISOLATED, CheckpointRef, PerTier, Phase, Reason, RLJobStatus
 from kuberl_operator.lifecycle import (
     METER_WRITE_S,
     Action,
@@ -394,3 +394,17 @@ def test_status_is_written_only_when_it_changed(change, metered_ago, write):
     old = status(Phase.RUNNING, running_seconds=100.0)
     observed = Observed(NOW, tiers(), metered_at=NOW - timedelta(seconds=metered_ago))
     assert should_write(old, old.model_copy(update=change), observed) is write
+
+
+def test_a_sandbox_that_cannot_isolate_sessions_shows_in_a_condition_until_sandboxes_are_ready():
+    line = "sandbox: cannot isolate sessions: unshare failed: No space left on device"
+    running = status(Phase.RUNNING, reason=Reason.TRAINING)
+    refused = next_state(spec(), running, Observed(NOW, tiers(sandbox=(1, 0)), sandbox_problem=line)).status
+    [condition] = [c for c in refused.conditions if c.type == SANDBOX_ISOLATED]
+    assert (condition.status, condition.reason, condition.message) == ("False", "CannotIsolateSessions", line)
+    waiting = next_state(spec(), refused, Observed(NOW, tiers(sandbox=(1, 0)))).status
+    assert [c.status for c in waiting.conditions if c.type == SANDBOX_ISOLATED] == ["False"]
+    fixed = next_state(spec(), waiting, Observed(NOW, tiers())).status
+    assert [c.status for c in fixed.conditions if c.type == SANDBOX_ISOLATED] == ["True"]
+    quiet = next_state(spec(), running, Observed(NOW, tiers())).status
+    assert not any(c.type == SANDBOX_ISOLATED for c in quiet.conditions)

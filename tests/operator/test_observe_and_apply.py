@@ -16,6 +16,7 @@ from kuberl_operator.observe import (
     learner_stop,
     node_capacity,
     pod_summary,
+    sandbox_start_failure,
     tier_states,
 )
 
@@ -103,6 +104,23 @@ def test_pod_summary_keeps_what_the_observation_reads():
     assert "volumes" not in summary["spec"] and "containerStatuses" not in summary["status"]
     assert tier_states([summary], DESIRED) == tier_states([full], DESIRED)
     assert gpus_by_tier([summary]) == gpus_by_tier([full])
+
+
+def test_a_sandbox_that_cannot_isolate_sessions_is_named_in_the_observation():
+    line = "sandbox: cannot isolate sessions: unshare failed: No space left on device. Sessions need ..."
+    crashed = pod("j-sandbox-abc", "sandbox")
+    crashed["status"]["containerStatuses"] = [
+        {
+            "name": "sandbox",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "message": line + "\n"}},
+        }
+    ]
+    healthy = pod("j-rollout-0", "rollout")
+    healthy["status"]["containerStatuses"] = [{"name": "rollout", "lastState": {"terminated": {"message": "x"}}}]
+    assert sandbox_start_failure([healthy, crashed]) == line
+    assert sandbox_start_failure([pod_summary(healthy), pod_summary(crashed)]) == line  # the pod index keeps it
+    assert sandbox_start_failure([healthy, pod("j-sandbox-def", "sandbox")]) is None
 
 
 def test_desired_replicas_follow_the_spec_or_zero():
