@@ -332,7 +332,8 @@ def run_command(
     """Run the whole RLJob on this machine: sandbox servers, rollout servers (vLLM) and the learner as
     local processes, supervised like the operator would, with progress, breakers and a learning curve.
     RUN_DIR/prometheus_targets.json lists every /metrics endpoint (Prometheus file_sd format). The sandbox
-    servers take their token from KUBERL_SANDBOX_TOKEN when it is set (else a new one per run)."""
+    servers take their token from KUBERL_SANDBOX_TOKEN when it is set (else a new one per run); the rollout
+    servers ask for the run's own job token, written to RUN_DIR/job-token."""
     from pathlib import Path
 
     from kuberl.api.types import parse_duration

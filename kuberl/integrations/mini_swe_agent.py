@@ -165,7 +165,9 @@ def entry_point(
             finally:
                 if trajectories is not None:
                     path = Path(trajectories) / f"{task.task_id}-{uuid.uuid4().hex[:12]}.traj.json"
-                    agent.save(path, {"info": {"kuberl": {"base_url": base_url}}})
+                    # the session's API key stays out of the saved configuration
+                    hidden = {"config": {"model": {"model_kwargs": {"api_key": "(the session's key)"}}}}
+                    agent.save(path, {"info": {"kuberl": {"base_url": base_url}, **hidden}})
 
         try:
             await in_own_thread(play)

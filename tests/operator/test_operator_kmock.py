@@ -49,6 +49,7 @@ CHILDREN = [  # (collection, name suffix) of every object the operator applies
     (STATEFULSETS, "rollout"),
     (STATEFULSETS, "learner"),
     (SECRETS, "sandbox-token"),
+    (SECRETS, "job-token"),
 ]
 TIMEOUT_S = 45.0  # generous: the 2 CPU cores may be shared with other work
 

@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import Route
 
+from kuberl.api.agents import AgentEnvironment
 from kuberl.api.sessions_http import OpenedSession, OpenSession
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tiny import build_tokenizer
@@ -22,8 +23,10 @@ from kuberl.tokens import bearer, new_token
 from kuberl_rollout.agent import Agent, EpisodeLimits
 from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.engine import Generation
+from kuberl_rollout.external_agent import EpisodeEnvironment
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.service import RolloutService
+from kuberl_rollout.sessions import SessionStore
 from kuberl_rollout.weights import BucketAssembler
 
 TOKEN = new_token()
@@ -184,3 +187,11 @@ def test_a_server_without_a_job_token_does_not_start():
 
     with pytest.raises(ValueError, match="job token"):
         create_app(never, "")
+
+
+def test_an_external_agent_gets_its_episode_sessions_key(tokenizer):
+    store = SessionStore(tokenizer)
+    session = store.open("http://rollout", TASK, None, episode=True)
+    handle = EpisodeEnvironment(object(), "observation", session, EpisodeLimits())  # type: ignore[arg-type]
+    assert isinstance(handle, AgentEnvironment)
+    assert handle.api_key == session.api_key == store.api_key(session.id)
