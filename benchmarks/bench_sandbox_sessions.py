@@ -1,4 +1,6 @@
-"""Sandbox tier at 100, 500 and 1000 concurrent sessions on one server process.
+"""Sandbox tier at 100, 500 and 1000 concurrent sessions on one server process, and what each session's own
+network namespace costs: session open and trivial-command latency at 100 and 500 sessions on two servers, one
+with and one without (KUBERL_SANDBOX_NETWORK_NAMESPACE=0), measured in turn in the same run.
 
 Per level: session create latency (p50/p99, 32 creates in flight); a trivial command's round trip
 (p50/p99) while every session behaves like an agent (a command, then `THINK_S` of "generation", three
@@ -17,10 +19,12 @@ import time
 
 import httpx
 
+from kuberl.api import env_vars
 from kuberl.suites.swe_toy import generate
-from kuberl_sandbox.local import local_sandbox
+from kuberl_sandbox.local import SandboxEndpoint, local_sandbox
 
 LEVELS = tuple(int(x) for x in os.environ.get("KUBERL_BENCH_LEVELS", "100,500,1000").split(","))
+NETWORK_LEVELS = tuple(int(x) for x in os.environ.get("KUBERL_BENCH_NETWORK_LEVELS", "100,500").split(","))
 THINK_S = 5.0  # an agent turn: ~150 generated tokens at ~30 tokens/s per sequence
 COMMANDS_PER_SESSION = 3
 CREATE_IN_FLIGHT = 32
@@ -98,17 +102,43 @@ async def measure_level(http: httpx.AsyncClient, count: int, tasks: list) -> dic
     }
 
 
+def client(server: SandboxEndpoint) -> httpx.AsyncClient:
+    # A rollout server keeps a bounded pool per sandbox pod; 1000 sockets would just queue in the kernel.
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    headers = {"Authorization": f"Bearer {server.token}"}
+    return httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=120)
+
+
+async def network_namespace_cost(tasks: list) -> dict[str, object]:
+    """Both servers up at once; each level measured on one, then the other, so the machine's noise falls on both."""
+    out: dict[str, object] = {}
+    shared = {env_vars.SANDBOX_NETWORK_NAMESPACE: "0"}
+    sessions = max(NETWORK_LEVELS) + 16
+    with local_sandbox(max_sessions=sessions) as own, local_sandbox(max_sessions=sessions, env=shared) as host:
+        async with client(own) as with_netns, client(host) as without_netns:
+            for count in NETWORK_LEVELS:
+                for mode, http in (("with", with_netns), ("without", without_netns)):
+                    level = await measure_level(http, count, tasks)
+                    out[f"{count}_{mode}"] = {k: level[k] for k in ("create_p50_ms", "create_p99_ms")} | {
+                        k: level[k] for k in ("command_p50_ms", "command_p99_ms", "commands")
+                    }
+                    print(f"[bench]   network namespace {mode}, {count} sessions: {out[f'{count}_{mode}']}", flush=True)
+    for count in NETWORK_LEVELS:
+        with_, without = out[f"{count}_with"], out[f"{count}_without"]
+        out[f"{count}_command_p99_ratio"] = round(with_["command_p99_ms"] / without["command_p99_ms"], 3)  # type: ignore[index]
+        out[f"{count}_create_p50_added_ms"] = round(with_["create_p50_ms"] - without["create_p50_ms"], 2)  # type: ignore[index]
+    return out
+
+
 async def main() -> dict[str, object]:
     tasks = generate(200, seed=3)
     out: dict[str, object] = {"think_s": THINK_S, "commands_per_session": COMMANDS_PER_SESSION}
     with local_sandbox(max_sessions=max(LEVELS) + 16) as server:
-        # A rollout server keeps a bounded pool per sandbox pod; 1000 sockets would just queue in the kernel.
-        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
-        headers = {"Authorization": f"Bearer {server.token}"}
-        async with httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=120) as http:
+        async with client(server) as http:
             for count in LEVELS:
                 out[str(count)] = await measure_level(http, count, tasks)
                 print(f"[bench]   {count} sessions: {out[str(count)]}", flush=True)
+    out["network_namespace"] = await network_namespace_cost(tasks)
     if set(LEVELS) != {100, 500, 1000}:
         return out
     rate = {c: out[str(c)]["per_session_commands_per_s"] for c in LEVELS}  # type: ignore[index]

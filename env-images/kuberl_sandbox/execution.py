@@ -66,6 +66,8 @@ class Identity:
     """Isolated only: the session's private folder (see `make_private_root`), an absolute path."""
     namespaces: int | None = None
     """Isolated only: the pid of the process holding the session's user and network namespaces."""
+    own_network: bool = True
+    """The holder has a network namespace of the session's own (always but in measurements of its cost)."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,8 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
     # mounts above or the session's network (its firewall, its interfaces) survives into the command.
     nested = [UNSHARE, "--user", f"--map-user={identity.uid}", f"--map-group={identity.gid}", "--"]
     user = as_user(identity.uid, identity.gid)
-    return [*rlimits, *user, *join_argv(identity.namespaces), *namespaces, *mounts, *nested, *shell]
+    joined = join_argv(identity.namespaces, identity.own_network)
+    return [*rlimits, *user, *joined, *namespaces, *mounts, *nested, *shell]
 
 
 def make_private_root(

@@ -56,17 +56,13 @@ def namespace_path(holder_pid: int, kind: str) -> str:
     return f"/proc/{holder_pid}/ns/{kind}"
 
 
-def join_argv(holder_pid: int) -> list[str]:
-    """The argv prefix that runs the rest as root of the session's user namespace, in its network namespace.
-    The caller must already be the session's uid (the namespace's owner); credentials are kept as they are
-    (its uid is the namespace's root), so no setgroups is needed, which the namespace denies."""
-    return [
-        NSENTER,
-        "--preserve-credentials",
-        f"--user={namespace_path(holder_pid, 'user')}",
-        f"--net={namespace_path(holder_pid, 'net')}",
-        "--",
-    ]
+def join_argv(holder_pid: int, network: bool = True) -> list[str]:
+    """The argv prefix that runs the rest as root of the session's user namespace, in its network namespace
+    (`network`; else in the server's, for measurements only). The caller must already be the session's uid (the
+    namespace's owner); credentials are kept as they are (its uid is the namespace's root), so no setgroups is
+    needed, which the namespace denies."""
+    net = [f"--net={namespace_path(holder_pid, 'net')}"] if network else []
+    return [NSENTER, "--preserve-credentials", f"--user={namespace_path(holder_pid, 'user')}", *net, "--"]
 
 
 def as_user(uid: int, gid: int) -> list[str]:
@@ -77,11 +73,13 @@ def as_user(uid: int, gid: int) -> list[str]:
     return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
 
 
-def holder_argv(uid: int, gid: int, max_processes: int) -> list[str]:
-    """The holder: a user namespace (root mapped to the session's uid) and a network namespace inside it. Its
-    RLIMIT_NPROC becomes the namespace's: every command of the session counts against it."""
+def holder_argv(uid: int, gid: int, max_processes: int, network: bool = True) -> list[str]:
+    """The holder: a user namespace (root mapped to the session's uid) and a network namespace inside it
+    (unless not `network`: measurements only). Its RLIMIT_NPROC becomes the namespace's: every command of the
+    session counts against it."""
     limit = [PRLIMIT, f"--nproc={max_processes}", "--"]
-    namespaces = [UNSHARE, "--user", "--map-root-user", "--net", "--", "/bin/sh", "-c", _HOLDER_SCRIPT]
+    script = _HOLDER_SCRIPT if network else "echo ready; exec cat >/dev/null"
+    namespaces = [UNSHARE, "--user", "--map-root-user", *(["--net"] if network else []), "--", "/bin/sh", "-c", script]
     return [*limit, *as_user(uid, gid), *namespaces]
 
 
@@ -125,6 +123,8 @@ class SessionNetwork:
     """The processes that hold one session's namespaces; `close` ends them."""
 
     holder: subprocess.Popen[bytes]
+    network: bool = True
+    """The holder made a network namespace (always but in measurements of what it costs)."""
     stack: subprocess.Popen[bytes] | None = None
     """slirp4netns when egress is allowed."""
     stack_exit: int | None = None
@@ -135,18 +135,23 @@ class SessionNetwork:
         return self.holder.pid
 
     @staticmethod
-    def open(uid: int, gid: int, max_processes: int, egress: bool, blocked: Iterable[str] = ()) -> SessionNetwork:
+    def open(
+        uid: int, gid: int, max_processes: int, egress: bool, blocked: Iterable[str] = (), network: bool = True
+    ) -> SessionNetwork:
         """Start the holder as `uid`; with `egress`, the firewall and the user-mode stack. Blocking (a few ms
-        to start the holder, tens with egress): call it off the event loop."""
+        to start the holder, tens with egress): call it off the event loop. Not `network`: the session keeps
+        the server's network (measurements of what a network namespace costs only)."""
+        if egress and not network:
+            raise ValueError("egress is guarded inside the session's own network namespace: it needs one")
         holder = subprocess.Popen(
-            holder_argv(uid, gid, max_processes),
+            holder_argv(uid, gid, max_processes, network),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd="/",
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         )
-        network = SessionNetwork(holder)
+        network = SessionNetwork(holder, network)
         try:
             assert holder.stdout is not None
             if holder.stdout.readline() != READY:

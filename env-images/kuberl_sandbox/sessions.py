@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
+from kuberl.api import env_vars
 from kuberl.api.environment import Snapshot, Task
 from kuberl.api.tampering import TamperingReason
 from kuberl.errors import ServiceError
@@ -179,6 +180,10 @@ class SessionManager:
             raise RuntimeError(problem)
         if not self.isolated:
             log.warning("sandbox is NOT isolated (%s): sessions share one user and network; development only", why)
+        elif not self.settings.network_namespace:
+            log.warning(
+                "sessions share the server's network (%s=0): measurements only", env_vars.SANDBOX_NETWORK_NAMESPACE
+            )
         self._blocked = host_addresses() if self.settings.egress else []
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)
@@ -253,11 +258,12 @@ class SessionManager:
                 settings.limits.max_processes,
                 settings.egress,
                 self._blocked,
+                settings.network_namespace,
             )
         except (NetworkUnavailable, OSError) as err:
             await asyncio.to_thread(self._remove, session)
             raise SessionError(503, f"the session's network could not be made: {err}") from None
-        session.identity = replace(identity, namespaces=session.network.pid)
+        session.identity = replace(identity, namespaces=session.network.pid, own_network=session.network.network)
 
     async def snapshot(self, session: Session) -> Snapshot:
         """The session's workspace, archived and sealed (under its lock: no command changes it meanwhile)."""

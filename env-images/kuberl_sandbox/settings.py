@@ -82,6 +82,9 @@ class SandboxSettings:
     egress: bool = False
     """Sessions reach out through a guarded user-mode network stack (session_network.py); else only their own
     loopback."""
+    network_namespace: bool = True
+    """Each session in a network namespace of its own. False (KUBERL_SANDBOX_NETWORK_NAMESPACE=0) only measures
+    what it costs (bench_sandbox_sessions): sessions then reach everything the server reaches."""
     hidden: tuple[Path, ...] = ()
     """Folders sessions must not see beside the server's own installation (installation.py): a task store."""
 
@@ -109,6 +112,7 @@ class SandboxSettings:
             repos=Path(repos) if repos else None,
             environments=Path(environments) if environments else None,
             egress=egress == "allow",
+            network_namespace=os.environ.get(env_vars.SANDBOX_NETWORK_NAMESPACE, "1") != "0",
             hidden=hidden,
         )
 

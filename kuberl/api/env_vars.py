@@ -24,6 +24,8 @@ SANDBOX_ENVIRONMENTS = "KUBERL_SANDBOX_ENVIRONMENTS"
 SANDBOX_EGRESS = "KUBERL_SANDBOX_EGRESS"
 """`allow`: sessions reach the internet through a guarded user-mode network stack; else (`deny`) only their
 own loopback (spec.sandbox.egress)."""
+SANDBOX_NETWORK_NAMESPACE = "KUBERL_SANDBOX_NETWORK_NAMESPACE"
+"""`0`: sessions share the server's network, to measure what their own costs (benchmarks only)."""
 SANDBOX_HIDDEN = "KUBERL_SANDBOX_HIDDEN"
 """Colon-separated folders sessions must not see, beside the server's own installation (a run's task store)."""
 
