@@ -2,16 +2,15 @@
 an output cap, and nothing of it left alive afterwards.
 
 Isolated mode (the server runs as root, with no capability beyond SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER
-and KILL): each command drops to the session's unprivileged uid with no supplementary groups and no_new_privs,
-joins the session's own user and network namespaces (made once per session, session_network.py: only the
-session's loopback, or a guarded way out), and makes fresh mount, PID and IPC namespaces inside, with a /proc of
-its own, so it sees no process of another session. The shell is PID 1 of the PID namespace, so when it exits,
-or when the server kills it, the kernel kills everything the command started (setsid daemons included) and
-reaps it: no process outlives the command. As root of the session's user namespace (which is the session's uid
-outside it), a small script mounts the session's own /tmp, /var/tmp, /dev/shm and /run/lock over the host's
-and an empty read-only folder over each folder of the server's installation and task store; then the command
-runs in a user namespace nested inside, as the session's uid, without capabilities over those mounts or the
-network. Mounts are private to the namespace: nothing propagates back to the host.
+and KILL): each command drops to the session's unprivileged uid with no supplementary groups and no_new_privs and
+joins the session's namespaces, made once when the session opens (session_network.py): its user namespace, its
+network namespace (only its loopback, or a guarded way out) and its mount namespace, where the session's own
+/tmp, /var/tmp, /dev/shm and /run/lock lie over the host's and an empty read-only file system over each folder of
+the server's installation and task store. Inside, the command gets a user namespace of its own whose uid is the
+session's, without capabilities over those mounts or the network, with fresh mount, PID and IPC namespaces and a
+/proc of its own, so it sees no process of another session. The shell is PID 1 of the PID namespace, so when it
+exits, or when the server kills it, the kernel kills everything the command started (setsid daemons included)
+and reaps it: no process outlives the command. Mounts are private to the namespace: nothing propagates back.
 Without root, commands run as the server's user in their own process group (development only).
 """
 
@@ -20,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -35,24 +33,17 @@ from kuberl_sandbox.settings import CommandLimits
 _READ_CHUNK = 1 << 16
 _DRAIN_GRACE_S = 0.05
 _STOP_GRACE_S = 2.0
-MOUNT = shutil.which("mount") or "/usr/bin/mount"
 
 SHARED_SCRATCH: dict[str, str] = {"/tmp": "tmp", "/var/tmp": "var-tmp", "/dev/shm": "dev-shm", "/run/lock": "run-lock"}
 """The host's world-writable scratch folders, each with the name of the session's own copy in its private folder."""
 FSTAB = "fstab"
-"""Beside a session's private folder, in its root-owned home: what each of its commands mounts (`mount --all
---fstab`: one process for all). Readable, never writable, by the session: the covers over hidden folders are in
-it."""
+"""Beside a session's private folder, in its root-owned home: what the session's mount namespace mounts, once,
+when the session opens (`mount --all --fstab`, session_network.py). Readable, never writable, by the session:
+the covers over hidden folders are in it."""
+RESOLV_CONF = "resolv.conf"
+"""Beside the fstab: the session's /etc/resolv.conf when it has egress."""
 HIDDEN_OPTIONS = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
 """What covers a hidden folder: an empty file system nothing can be written to or run from."""
-WRAPPER_FAILED = 125
-"""Exit status when the private mounts fail (as `env` and `chroot` use it: the wrapper, not the command)."""
-
-# Run by the session's namespace root as PID 1 of the new namespaces: the session's scratch folders over the host's
-# and the hidden folders ($0 is the fstab; stdout to /dev/null for mount's hints, errors still reach the output),
-# then `exec` the rest of the argv (the nested user namespace, then the command's shell), which stays PID 1. The
-# command is an argv element, never part of this.
-_MOUNT_SCRIPT = f'{shlex.quote(MOUNT)} --no-mtab --all --fstab "$0" >/dev/null || exit {WRAPPER_FAILED}; exec "$@"'
 
 
 @dataclass(frozen=True)
@@ -95,7 +86,7 @@ async def run_command(
     """Run `command` through /bin/sh in `cwd` as `identity` under `limits`; never raises for what it does."""
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        *command_argv(command, identity, limits),
+        *command_argv(command, identity, limits, cwd),
         cwd=cwd,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
@@ -164,8 +155,8 @@ async def run_command(
     )
 
 
-def command_argv(command: str, identity: Identity, limits: CommandLimits) -> list[str]:
-    """The argv that runs `command` through /bin/sh as `identity` under `limits`.
+def command_argv(command: str, identity: Identity, limits: CommandLimits, cwd: str = "/") -> list[str]:
+    """The argv that runs `command` through /bin/sh in `cwd` as `identity` under `limits`.
 
     rlimits are set by `prlimit` rather than a Python preexec_fn: without one, the server can spawn
     with vfork instead of copying its whole address space for every command.
@@ -187,11 +178,18 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
         raise ValueError("an isolated command needs the absolute path of its session's private folder")
     if identity.namespaces is None:
         raise ValueError("an isolated command needs its session's namespaces")
-    # --propagation private: no mount made inside reaches the host (or another session), none of theirs comes in.
-    # --mount-proc: a /proc of the new PID namespace, so other sessions' processes are not even listed.
-    # --ipc: SysV shared memory, semaphores and message queues of the command's own, gone with it.
-    namespaces = [
+    # The session's namespaces (user, network, and its mount namespace with the private /tmp and the covers,
+    # made once by the holder), then, in one unshare, the command's own: a user namespace nested in the session's
+    # whose uid is the session's (no capability over the session's mounts or network, its firewall and interfaces,
+    # survives into the command: its mounts are locked, the network is the holder's namespace's), with a mount
+    # namespace (--propagation private: nothing made inside reaches the session's or the host's), a PID namespace
+    # with a /proc of its own (--mount-proc: other sessions' processes are not even listed) and IPC (SysV shared
+    # memory, semaphores and message queues of the command's own, gone with it).
+    own = [
         UNSHARE,
+        "--user",
+        f"--map-user={identity.uid}",
+        f"--map-group={identity.gid}",
         "--mount",
         "--propagation",
         "private",
@@ -202,13 +200,9 @@ def command_argv(command: str, identity: Identity, limits: CommandLimits) -> lis
         "--mount-proc",
         "--",
     ]
-    mounts = ["/bin/sh", "-c", _MOUNT_SCRIPT, str(fstab_of(identity.private))]
-    # The command's own user namespace inside the session's, its uid the session's: no capability over the
-    # mounts above or the session's network (its firewall, its interfaces) survives into the command.
-    nested = [UNSHARE, "--user", f"--map-user={identity.uid}", f"--map-group={identity.gid}", "--"]
     user = as_user(identity.uid, identity.gid)
-    joined = join_argv(identity.namespaces, identity.own_network)
-    return [*rlimits, *user, *joined, *namespaces, *mounts, *nested, *shell]
+    joined = join_argv(identity.namespaces, identity.own_network, cwd)
+    return [*rlimits, *user, *joined, *own, *shell]
 
 
 def make_private_root(
@@ -217,6 +211,7 @@ def make_private_root(
     shared: tuple[Path, ...] = (),
     hidden: tuple[Path, ...] = (),
     owner: tuple[int, int] | None = None,
+    resolver: str | None = None,
 ) -> None:
     """Make a session's private folder: one scratch folder per shared one of the host (`SHARED_SCRATCH`),
     and the fstab with which each command mounts them over the host's in its own mount namespace, then an empty
@@ -231,6 +226,8 @@ def make_private_root(
     path, and in local runs it lies under /tmp: it is then bind-mounted onto a mount point at the same place
     inside the private /tmp first. `private` must lie inside `visible` (its paths then resolve after every mount).
     `shared` are more folders that must stay reachable the same way (a prepared environment the session runs in).
+    `resolver`: the name server the session's /etc/resolv.conf names (its user-mode stack's forwarder: the
+    host's own may sit at an address the session must not reach).
     """
     visible, private = visible.resolve(), private.resolve()  # real paths: what mount and getcwd() see
     if not private.is_relative_to(visible):
@@ -254,6 +251,11 @@ def make_private_root(
         # rbind: the copy of `visible` mounted inside comes along
         then.append(_fstab_line(own, target, "rbind"))
     covers = [f"tmpfs {_fstab_escape(folder)} tmpfs {HIDDEN_OPTIONS} 0 0\n" for folder in hidden]
+    if resolver is not None:
+        resolv = private.parent / RESOLV_CONF
+        resolv.write_text(f"nameserver {resolver}\n")
+        os.chmod(resolv, 0o644)
+        covers.append(_fstab_line(resolv, Path("/etc/resolv.conf"), "bind"))
     fstab = fstab_of(private)
     fstab.write_text("".join(first + then + covers))
     os.chmod(fstab, 0o644)  # read by the session's namespace root, which is the session's uid
@@ -306,7 +308,8 @@ def namespaces_available(uid: int) -> str | None:
     try:
         os.chmod(probe, 0o711)
         make_private_root(probe / "private", visible=probe, owner=(uid, uid))
-        network = SessionNetwork.open(uid, uid, CommandLimits().max_processes, egress=False)
+        fstab = fstab_of(probe / "private")
+        network = SessionNetwork.open(uid, uid, CommandLimits().max_processes, fstab, egress=False)
         identity = Identity(uid=uid, gid=uid, isolated=True, private=probe / "private", namespaces=network.pid)
         result = subprocess.run(
             command_argv("true", identity, CommandLimits()), capture_output=True, timeout=10, cwd="/"

@@ -1,15 +1,18 @@
-"""Each session's own user and network namespaces, made once when the session opens, with no privilege.
+"""Each session's own user, mount and network namespaces, made once when the session opens, with no privilege.
 
 A small holder process, started as the session's uid, makes an unprivileged user namespace (its root mapped to
-that uid) with a network namespace inside and waits; every command of the session joins both (execution.py),
-so nothing but the session's own loopback is reachable: not the host's listeners, not its address, not abstract
-unix sockets of the host (they belong to a network namespace), not the sandbox server itself. The holder exits
-when the server closes its stdin: at session close, or when the server dies (the kernel closes the pipe).
+that uid) with a mount namespace (the session's fstab mounted: its private /tmp and the covers over the server's
+installation, execution.make_private_root) and a network namespace inside, and waits; every command of the
+session joins all three (execution.py), so nothing but the session's own loopback is reachable: not the host's
+listeners, not its address, not abstract unix sockets of the host (they belong to a network namespace), not the
+sandbox server itself. The holder exits when the server closes its stdin: at session close, or when the server
+dies (the kernel closes the pipe).
 
 With egress allowed, `slirp4netns` (a user-mode network stack from the distribution, run as the session's uid)
 gives the namespace a route out through the server's own sockets; an nftables table in the namespace, set by the
 holder's root before any command runs, rejects the host's own addresses, the stack's gateway (the host's
-loopback), link-local addresses and cloud metadata endpoints. Commands run in a user namespace nested in the
+loopback), link-local addresses, cloud metadata endpoints and private networks (the cluster's pods and
+services), but lets DNS queries reach the stack's forwarder. Commands run in a user namespace nested in the
 holder's, without capabilities in it, so they can neither change those rules nor take the interface down.
 """
 
@@ -23,28 +26,41 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
 IP = shutil.which("ip") or "/usr/sbin/ip"
+MOUNT = shutil.which("mount") or "/usr/bin/mount"
 NFT = shutil.which("nft") or "/usr/sbin/nft"
 SLIRP4NETNS = shutil.which("slirp4netns") or "/usr/bin/slirp4netns"
 
 READY = b"ready\n"
-# Run as root of the new user namespace: bring up its loopback, say so, then wait for the server's pipe to close.
-_HOLDER_SCRIPT = f"{IP} link set lo up || exit 1; echo ready; exec cat >/dev/null"
+# Run as root of the new user namespace ($0: the session's fstab): mount what it names (mount's hints to /dev/null,
+# its errors reach the server), bring up the loopback, say so, then wait for the server's pipe to close.
+_MOUNTS = f'{MOUNT} --no-mtab --all --fstab "$0" >/dev/null || exit 1'
+_HOLDER_SCRIPT = f"{_MOUNTS}; {IP} link set lo up || exit 1; echo ready; exec cat >/dev/null"
+_HOLDER_SCRIPT_SHARED_NETWORK = f"{_MOUNTS}; echo ready; exec cat >/dev/null"
 _OPEN_TIMEOUT_S = 10.0
 
 SLIRP_GATEWAY = "10.0.2.2"
 """slirp4netns's gateway: the host itself (its loopback unless `--disable-host-loopback`)."""
+SLIRP_GUEST = "10.0.2.100"
+"""The session's own address on slirp4netns's network: the errors `reject` sends back go to it."""
+SLIRP_DNS = "10.0.2.3"
+"""slirp4netns's DNS forwarder (to the host's resolver): the one private address a session may reach."""
 ALWAYS_BLOCKED = (
     SLIRP_GATEWAY,
     "169.254.0.0/16",  # link-local, and the metadata endpoints of most clouds (169.254.169.254)
     "100.100.100.200/32",  # Alibaba Cloud's metadata endpoint
+    "10.0.0.0/8",  # private networks: the cluster's pods and services, the node's neighbours, a LAN
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",  # carrier-grade NAT, also used for pod networks
     "fe80::/10",
-    "fd00:ec2::254/128",  # AWS's IPv6 metadata endpoint
+    "fc00::/7",  # unique local IPv6 (fd00:ec2::254, AWS's metadata endpoint, among them)
 )
 
 
@@ -56,13 +72,15 @@ def namespace_path(holder_pid: int, kind: str) -> str:
     return f"/proc/{holder_pid}/ns/{kind}"
 
 
-def join_argv(holder_pid: int, network: bool = True) -> list[str]:
-    """The argv prefix that runs the rest as root of the session's user namespace, in its network namespace
-    (`network`; else in the server's, for measurements only). The caller must already be the session's uid (the
-    namespace's owner); credentials are kept as they are (its uid is the namespace's root), so no setgroups is
-    needed, which the namespace denies."""
+def join_argv(holder_pid: int, network: bool = True, cwd: str = "/") -> list[str]:
+    """The argv prefix that runs the rest in `cwd` as root of the session's user namespace, in its mount and network
+    namespaces (`network`; else in the server's network, for measurements only). The caller must already be the
+    session's uid (the namespace's owner); credentials are kept as they are (its uid is the namespace's root), so
+    no setgroups is needed, which the namespace denies."""
     net = [f"--net={namespace_path(holder_pid, 'net')}"] if network else []
-    return [NSENTER, "--preserve-credentials", f"--user={namespace_path(holder_pid, 'user')}", *net, "--"]
+    user, mount = namespace_path(holder_pid, "user"), namespace_path(holder_pid, "mnt")
+    # --wdns: the folder as the session's mount namespace names it (--wd would keep the host's, unreachable there)
+    return [NSENTER, "--preserve-credentials", f"--user={user}", f"--mount={mount}", *net, f"--wdns={cwd}", "--"]
 
 
 def as_user(uid: int, gid: int) -> list[str]:
@@ -73,22 +91,27 @@ def as_user(uid: int, gid: int) -> list[str]:
     return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
 
 
-def holder_argv(uid: int, gid: int, max_processes: int, network: bool = True) -> list[str]:
-    """The holder: a user namespace (root mapped to the session's uid) and a network namespace inside it
-    (unless not `network`: measurements only). Its RLIMIT_NPROC becomes the namespace's: every command of the
-    session counts against it."""
+def holder_argv(uid: int, gid: int, max_processes: int, fstab: Path, network: bool = True) -> list[str]:
+    """The holder: a user namespace (root mapped to the session's uid) with a mount namespace where `fstab` is
+    mounted and a network namespace (unless not `network`: measurements only). Its RLIMIT_NPROC becomes the
+    namespace's: every command of the session counts against it."""
     limit = [PRLIMIT, f"--nproc={max_processes}", "--"]
-    script = _HOLDER_SCRIPT if network else "echo ready; exec cat >/dev/null"
-    namespaces = [UNSHARE, "--user", "--map-root-user", *(["--net"] if network else []), "--", "/bin/sh", "-c", script]
+    script = _HOLDER_SCRIPT if network else _HOLDER_SCRIPT_SHARED_NETWORK
+    net = ["--net"] if network else []
+    namespaces = [UNSHARE, "--user", "--map-root-user", "--mount", *net, "--", "/bin/sh", "-c", script, str(fstab)]
     return [*limit, *as_user(uid, gid), *namespaces]
 
 
 def nft_ruleset(blocked: Iterable[str]) -> str:
-    """An nftables table that rejects new connections and datagrams to `blocked` (addresses or networks)."""
+    """An nftables table that rejects connections and datagrams to `blocked` (addresses or networks), but DNS
+    queries to the user-mode stack's forwarder."""
     networks = [ipaddress.ip_network(b, strict=False) for b in blocked]
-    v4 = ", ".join(str(n) for n in networks if n.version == 4)
-    v6 = ", ".join(str(n) for n in networks if n.version == 6)
-    rules = [f"    ip daddr {{ {v4} }} reject"] if v4 else []
+    # nft refuses overlapping intervals in one set: a host address inside a private network goes with it
+    v4 = ", ".join(map(str, ipaddress.collapse_addresses(n for n in networks if n.version == 4)))
+    v6 = ", ".join(map(str, ipaddress.collapse_addresses(n for n in networks if n.version == 6)))
+    rules = [f"    ip daddr {SLIRP_GUEST} accept"]  # else the ICMP error of a reject is itself dropped: a hang
+    rules += [f"    ip daddr {SLIRP_DNS} udp dport 53 accept", f"    ip daddr {SLIRP_DNS} tcp dport 53 accept"]
+    rules += [f"    ip daddr {{ {v4} }} reject"] if v4 else []
     rules += [f"    ip6 daddr {{ {v6} }} reject"] if v6 else []
     body = "\n".join(rules)
     return (
@@ -136,15 +159,21 @@ class SessionNetwork:
 
     @staticmethod
     def open(
-        uid: int, gid: int, max_processes: int, egress: bool, blocked: Iterable[str] = (), network: bool = True
+        uid: int,
+        gid: int,
+        max_processes: int,
+        fstab: Path,
+        egress: bool,
+        blocked: Iterable[str] = (),
+        network: bool = True,
     ) -> SessionNetwork:
-        """Start the holder as `uid`; with `egress`, the firewall and the user-mode stack. Blocking (a few ms
-        to start the holder, tens with egress): call it off the event loop. Not `network`: the session keeps
-        the server's network (measurements of what a network namespace costs only)."""
+        """Start the holder as `uid` with the session's `fstab`; with `egress`, the firewall and the user-mode
+        stack. Blocking (a few ms to start the holder, tens with egress): call it off the event loop. Not
+        `network`: the session keeps the server's network (measurements of what a network namespace costs only)."""
         if egress and not network:
             raise ValueError("egress is guarded inside the session's own network namespace: it needs one")
         holder = subprocess.Popen(
-            holder_argv(uid, gid, max_processes, network),
+            holder_argv(uid, gid, max_processes, fstab, network),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

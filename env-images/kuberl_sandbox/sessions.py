@@ -34,6 +34,7 @@ from kuberl_sandbox.execution import (
     SHARED_SCRATCH,
     CommandResult,
     Identity,
+    fstab_of,
     make_private_root,
     namespaces_available,
     run_command,
@@ -41,7 +42,7 @@ from kuberl_sandbox.execution import (
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.outcome_cache import OutcomeCache, task_digest
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
-from kuberl_sandbox.session_network import NetworkUnavailable, SessionNetwork, host_addresses
+from kuberl_sandbox.session_network import SLIRP_DNS, NetworkUnavailable, SessionNetwork, host_addresses
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
 from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, new_nonce, split_report
 
@@ -247,15 +248,16 @@ class SessionManager:
 
     async def _open_network(self, session: Session) -> None:
         """Start the holder of the session's user and network namespaces (isolated only); 503 if it cannot be."""
-        if not session.identity.isolated:
-            return
         identity, settings = session.identity, self.settings
+        if not identity.isolated or identity.private is None:
+            return
         try:
             session.network = await asyncio.to_thread(
                 SessionNetwork.open,
                 identity.uid,
                 identity.gid,
                 settings.limits.max_processes,
+                fstab_of(identity.private),
                 settings.egress,
                 self._blocked,
                 settings.network_namespace,
@@ -604,7 +606,8 @@ class SessionManager:
         if identity.private:
             shared = (checkout.environment.folder,) if checkout is not None else ()
             hidden = tuple(self._hidden_folders(shared))
-            make_private_root(identity.private, self.settings.root, shared, hidden, (identity.uid, identity.gid))
+            owner, resolver = (identity.uid, identity.gid), SLIRP_DNS if self.settings.egress else None
+            make_private_root(identity.private, self.settings.root, shared, hidden, owner, resolver)
         return session
 
     def _hidden_folders(self, shared: tuple[Path, ...]) -> list[Path]:
