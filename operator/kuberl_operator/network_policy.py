@@ -30,12 +30,18 @@ from kuberl_operator.learner import METRICS_PORT as LEARNER_METRICS_PORT
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, child_name, object_meta, selector_labels
 from kuberl_operator.rollout import ROLLOUT_PORT, SANDBOX_PORT
 
-# Even with egress allowed, link-local addresses stay closed: cloud metadata endpoints
-# (169.254.169.254, fd00:ec2::254) hand out the node's cloud credentials to whoever asks.
+# Even with egress allowed, link-local addresses stay closed: cloud metadata endpoints (169.254.169.254,
+# fd00:ec2::254) hand out the node's cloud credentials to whoever asks; so do private networks: the cluster's pods
+# and services, the nodes and their neighbours. The public internet is open, and the cluster's DNS (below).
 ALLOWED_EGRESS = (
-    {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]},
-    {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128"]},
+    {
+        "cidr": "0.0.0.0/0",
+        "except": ["10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"],
+    },
+    {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10"]},
 )
+CLUSTER_DNS = {"k8s-app": "kube-dns"}
+"""The cluster's DNS pods (CoreDNS and kube-dns both carry this label), in kube-system."""
 
 # The operator pod's labels that the chart sets and no value can change (charts/kuberl/templates/_helpers.tpl;
 # the release name and nameOverride vary, these do not). Matched only inside the operator's namespace.
@@ -64,10 +70,16 @@ class NetworkPeers:
 
 
 def egress_rules(job: RLJob) -> list[dict[str, Any]]:
-    """No rules (deny all, DNS included: the server only answers) unless spec.sandbox.egress is allow."""
+    """No rules (deny all, DNS included: the server only answers) unless spec.sandbox.egress is allow: then the
+    public internet and the cluster's DNS (sessions resolve names through their user-mode stack, which asks the
+    pod's resolver)."""
     if job.spec.sandbox.egress != EgressPolicy.ALLOW:
         return []
-    return [{"to": [{"ipBlock": {"cidr": b["cidr"], "except": list(b["except"])}} for b in ALLOWED_EGRESS]}]
+    dns = {
+        "to": [namespace_peer("kube-system", CLUSTER_DNS)],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }
+    return [{"to": [{"ipBlock": {"cidr": b["cidr"], "except": list(b["except"])}} for b in ALLOWED_EGRESS]}, dns]
 
 
 def tier_peer(job: RLJob, tier: str) -> dict[str, Any]:

@@ -271,8 +271,14 @@ def assert_security_properties(job: RLJob, objects: list[dict[str, Any]]) -> Non
     if job.spec.sandbox.egress == "deny":
         assert policy["egress"] == []
     else:
-        blocks = [peer["ipBlock"] for rule in policy["egress"] for peer in rule["to"]]
-        assert all("169.254.0.0/16" in b["except"] for b in blocks if ":" not in b["cidr"])
+        blocks = [peer["ipBlock"] for rule in policy["egress"] for peer in rule["to"] if "ipBlock" in peer]
+        # the internet, but not cloud metadata (link-local) nor the cluster's own networks; DNS to kube-dns only
+        for private in ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"):
+            assert all(private in b["except"] for b in blocks if ":" not in b["cidr"])
+        assert all("fc00::/7" in b["except"] for b in blocks if ":" in b["cidr"])
+        [dns] = [rule for rule in policy["egress"] if "ipBlock" not in rule["to"][0]]
+        assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+        assert {p["port"] for p in dns["ports"]} == {53}
 
 
 def assert_sandbox_security(
