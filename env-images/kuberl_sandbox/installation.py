@@ -16,6 +16,9 @@ from pathlib import Path
 PACKAGES = ("kuberl", "kuberl_sandbox", "kuberl_rollout", "kuberl_trainer", "kuberl_operator")
 """The importable packages of the KubeRL distribution, wherever they are installed."""
 SOURCE_MARKER = "pyproject.toml"
+SYSTEM = tuple(Path(p) for p in ("/bin", "/etc", "/lib", "/lib64", "/opt", "/sbin", "/usr", "/var"))
+"""What every session runs on: a folder above one of these is never covered (a task file in / is, say, not
+worth every session's interpreter)."""
 
 
 def installation_folders(packages: Iterable[str] = PACKAGES) -> list[Path]:
@@ -41,14 +44,16 @@ def folders_to_cover(roots: Iterable[Path], keep: Iterable[Path], invisible: Ite
     # a kept path that is a link (a venv's `python`) must stay reachable as named and where it points
     kept = [Path(form(k)) for k in keep for form in (os.path.abspath, os.path.realpath)]
     hidden_anyway = [Path(os.path.realpath(i)) for i in invisible]
-    real_roots = sorted({Path(os.path.realpath(r)) for r in roots if os.path.isdir(r)})
+    real_roots = {Path(os.path.realpath(r)) for r in roots if os.path.isdir(r)}
+    eligible = [
+        root
+        for root in sorted(real_roots)
+        if not any(root.is_relative_to(i) for i in hidden_anyway) and not any(s.is_relative_to(root) for s in SYSTEM)
+    ]
     covers: list[Path] = []
-    for root in real_roots:
-        if any(root.is_relative_to(i) for i in hidden_anyway):
-            continue
-        if any(root != other and root.is_relative_to(other) for other in real_roots):
-            continue
-        covers.extend(_cover(root, kept))
+    for root in eligible:
+        if not any(root != other and root.is_relative_to(other) for other in eligible):
+            covers.extend(_cover(root, kept))
     return sorted(set(covers))
 
 

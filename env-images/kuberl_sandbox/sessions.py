@@ -614,8 +614,10 @@ class SessionManager:
         """The server's installation and the job's task store, but what sessions need (installation.py)."""
         settings = self.settings
         keep = [settings.root, Path(settings.python), *shared]
-        keep += [folder for folder in (settings.repos, settings.environments) if folder is not None]
+        keep += [settings.environments] if settings.environments is not None else []
+        # the mirror's history holds the fixes (the server unpacks each base commit itself): out of sight too
         roots = [*installation.installation_folders(), *settings.hidden]
+        roots += [settings.repos] if settings.repos is not None else []
         return installation.folders_to_cover(roots, keep, invisible=[Path(p) for p in SHARED_SCRATCH])
 
     def _register(self, session: Session) -> None:

@@ -55,6 +55,19 @@ def sandbox_scratch(job: RLJob) -> str:
     return "/tmp"
 
 
+def sandbox_isolation(job: RLJob, run_dir: Path) -> dict[str, str]:
+    """The job's egress rule, and the folders sessions must not see beside the server's installation: the run's
+    folder (its token, logs and checkpoints) and the one holding a local task file (hidden tests, gold patches)."""
+    hidden = [run_dir.resolve()]
+    uri = job.spec.environment.tasks.uri
+    if uri is not None and "://" not in uri.removeprefix("file://"):
+        hidden.append(Path(uri.removeprefix("file://")).resolve().parent)  # read from the current folder
+    return {
+        env_vars.SANDBOX_EGRESS: job.spec.sandbox.egress.value,
+        env_vars.SANDBOX_HIDDEN: ":".join(str(folder) for folder in hidden),
+    }
+
+
 def plan(
     job: RLJob,
     job_file: Path,
@@ -80,7 +93,7 @@ def plan(
     spec = job.spec
     token = {env_vars.SANDBOX_TOKEN: sandbox_token}
     job_token = {env_vars.JOB_TOKEN_FILE: str(run_dir / JOB_TOKEN_FILE)}
-    sandbox_env = token | sandbox_environment(spec.environment)  # a job on real repositories: mirror, environments
+    sandbox_env = token | sandbox_environment(spec.environment) | sandbox_isolation(job, run_dir)
     out = [
         ProcessSpec(
             f"sandbox-{i}",

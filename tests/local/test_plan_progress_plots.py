@@ -54,6 +54,16 @@ def test_the_plan_starts_the_tiers_in_order_with_the_same_entrypoints_as_the_pod
     assert specs[2].ready_url == "http://127.0.0.1:8801/readyz" and specs[2].live_url.endswith("/healthz")
 
 
+def test_sandboxes_get_the_jobs_egress_and_keep_the_run_and_its_task_file_out_of_sight(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    specs = processes(sandbox={"egress": "allow"}, environment={"tasks": {"uri": "data/tasks.jsonl"}})
+    sandbox = specs[0].env
+    assert sandbox["KUBERL_SANDBOX_EGRESS"] == "allow"
+    assert sandbox["KUBERL_SANDBOX_HIDDEN"].split(":") == [str(tmp_path / "runs/j"), str(tmp_path / "data")]
+    assert processes()[0].env["KUBERL_SANDBOX_EGRESS"] == "deny"
+
+
 def test_several_learner_ranks_run_under_torchrun_and_share_the_cores():
     learner = processes(learner={"replicas": 2})[-1]
     assert learner.argv[0].endswith("torchrun") and learner.argv[learner.argv.index("--nproc_per_node") + 1] == "2"
