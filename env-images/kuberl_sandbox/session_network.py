@@ -24,9 +24,11 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
@@ -172,28 +174,33 @@ class SessionNetwork:
         `network`: the session keeps the server's network (measurements of what a network namespace costs only)."""
         if egress and not network:
             raise ValueError("egress is guarded inside the session's own network namespace: it needs one")
-        holder = subprocess.Popen(
-            holder_argv(uid, gid, max_processes, fstab, network),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd="/",
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        )
-        network = SessionNetwork(holder, network)
-        try:
-            assert holder.stdout is not None
-            if holder.stdout.readline() != READY:
-                holder.wait(timeout=_OPEN_TIMEOUT_S)
-                why = (holder.stderr.read() if holder.stderr else b"").decode(errors="replace").strip()
-                raise NetworkUnavailable(f"no user and network namespace for the session: {why or 'holder exited'}")
-            if egress:
-                network._firewall(uid, gid, [*ALWAYS_BLOCKED, *blocked])
-                network._start_stack(uid, gid)
-        except BaseException:
-            network.close()
-            raise
-        return network
+        # Errors go to an unnamed file, read only if the start fails: a pipe nobody reads could fill and block a
+        # process, or kill it once closed. Once up, the server keeps one descriptor per session (the holder's stdin).
+        with tempfile.TemporaryFile() as errors:
+            holder = subprocess.Popen(
+                holder_argv(uid, gid, max_processes, fstab, network),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                cwd="/",
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            )
+            session = SessionNetwork(holder, network)
+            try:
+                assert holder.stdout is not None
+                with holder.stdout:
+                    ready = holder.stdout.readline()
+                if ready != READY:
+                    holder.wait(timeout=_OPEN_TIMEOUT_S)
+                    why = _written(errors) or "the holder exited"
+                    raise NetworkUnavailable(f"no user and network namespace for the session: {why}")
+                if egress:
+                    session._firewall(uid, gid, [*ALWAYS_BLOCKED, *blocked])
+                    session._start_stack(uid, gid)
+            except BaseException:
+                session.close()
+                raise
+        return session
 
     def _firewall(self, uid: int, gid: int, blocked: list[str]) -> None:
         argv = [*as_user(uid, gid), *join_argv(self.pid), NFT, "-f", "-"]
@@ -220,26 +227,26 @@ class SessionNetwork:
             namespace_path(self.pid, "net"),
             "tap0",
         ]
-        try:
-            self.stack = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                pass_fds=(ready_w, exit_r),
-                cwd="/",
-            )
-        finally:
-            os.close(ready_w)
-            os.close(exit_r)
-        self.stack_exit = exit_w
-        with os.fdopen(ready_r, "rb") as ready:
-            if ready.read(1) != b"1":
-                why = ""
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.stack.wait(timeout=1)
-                    why = (self.stack.stderr.read() if self.stack.stderr else b"").decode(errors="replace")
-                raise NetworkUnavailable(f"slirp4netns did not start: {why.strip()[-500:] or 'no reason given'}")
+        with tempfile.TemporaryFile() as errors:
+            try:
+                self.stack = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    pass_fds=(ready_w, exit_r),
+                    cwd="/",
+                )
+            finally:
+                os.close(ready_w)
+                os.close(exit_r)
+            self.stack_exit = exit_w
+            with os.fdopen(ready_r, "rb") as ready:
+                if ready.read(1) != b"1":
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.stack.wait(timeout=1)
+                    why = _written(errors)[-500:] or "no reason given"
+                    raise NetworkUnavailable(f"slirp4netns did not start: {why}")
 
     def close(self) -> None:
         """End the stack and the holder (the namespaces go with their last process) and reap both."""
@@ -257,3 +264,9 @@ class SessionNetwork:
             for stream in (proc.stdin, proc.stdout, proc.stderr) if proc is not None else ():
                 if stream is not None:
                     stream.close()
+
+
+def _written(file: IO[bytes]) -> str:
+    """What a process wrote to `file`, as one stripped string."""
+    file.seek(0)
+    return file.read().decode(errors="replace").strip()
