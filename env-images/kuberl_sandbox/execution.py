@@ -250,7 +250,8 @@ def make_private_root(
                 first.append(_fstab_line(folder, _mount_point(own, folder.relative_to(target)), "bind"))
         # rbind: the copy of `visible` mounted inside comes along
         then.append(_fstab_line(own, target, "rbind"))
-    covers = [f"tmpfs {_fstab_escape(folder)} tmpfs {HIDDEN_OPTIONS} 0 0\n" for folder in hidden]
+    # a folder gone since the list was made needs no cover (and a mount on it would fail the session)
+    covers = [f"tmpfs {_fstab_escape(folder)} tmpfs {HIDDEN_OPTIONS} 0 0\n" for folder in hidden if folder.is_dir()]
     if resolver is not None:
         resolv = private.parent / RESOLV_CONF
         resolv.write_text(f"nameserver {resolver}\n")

@@ -150,6 +150,9 @@ class SessionManager:
         self._running: dict[tuple[str, bool, str], asyncio.Future[TestOutcome | None]] = {}
         """Test runs under way by key: a run with the same key waits for their outcome instead of starting."""
         self._bin = settings.root / ".bin"
+        self._covers: dict[tuple[Path, ...], tuple[Path, ...]] = {}
+        """The folders sessions do not see, by the shared folders they need (found once: a walk per session open
+        would cost more than the rest of it)."""
         self._blocked: list[str] = []
         """Egress allowed: the host's own addresses, which sessions must not reach (read once, at start)."""
 
@@ -605,7 +608,9 @@ class SessionManager:
                 os.chown(home / sub, *session.owner)
         if identity.private:
             shared = (checkout.environment.folder,) if checkout is not None else ()
-            hidden = tuple(self._hidden_folders(shared))
+            if shared not in self._covers:
+                self._covers[shared] = tuple(self._hidden_folders(shared))
+            hidden = self._covers[shared]
             owner, resolver = (identity.uid, identity.gid), SLIRP_DNS if self.settings.egress else None
             make_private_root(identity.private, self.settings.root, shared, hidden, owner, resolver)
         return session
