@@ -20,25 +20,25 @@ def sandbox_token_secret_name(job: RLJob) -> str:
 
 def build_sandbox_token_secret(job: RLJob, namespace: str, owner: dict[str, Any] | None, token: str) -> dict[str, Any]:
     """The sandbox token, read by rollout and sandbox pods as an environment variable."""
-    if not token:
-        raise ValueError(f"RLJob {job.name!r}: the sandbox token must not be empty")
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": object_meta(job, sandbox_token_secret_name(job), SANDBOX, namespace, owner),
-        "type": "Opaque",
-        "stringData": {SANDBOX_TOKEN_KEY: token},
-    }
+    return _token_secret(
+        job, namespace, owner, "sandbox", sandbox_token_secret_name(job), SANDBOX, SANDBOX_TOKEN_KEY, token
+    )
 
 
 def build_job_token_secret(job: RLJob, namespace: str, owner: dict[str, Any] | None, token: str) -> dict[str, Any]:
     """The job token, mounted as a file into learner and rollout pods (pod.workload_volumes)."""
+    return _token_secret(job, namespace, owner, "job", job_token_secret_name(job), ROLLOUT, JOB_TOKEN_KEY, token)
+
+
+def _token_secret(
+    job: RLJob, namespace: str, owner: dict[str, Any] | None, what: str, name: str, tier: str, key: str, token: str
+) -> dict[str, Any]:
     if not token:
-        raise ValueError(f"RLJob {job.name!r}: the job token must not be empty")
+        raise ValueError(f"RLJob {job.name!r}: the {what} token must not be empty")
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": object_meta(job, job_token_secret_name(job), ROLLOUT, namespace, owner),
+        "metadata": object_meta(job, name, tier, namespace, owner),
         "type": "Opaque",
-        "stringData": {JOB_TOKEN_KEY: token},
+        "stringData": {key: token},
     }

@@ -8,6 +8,8 @@ import subprocess
 
 import httpx
 import pytest
+from helpers.sandbox_http import open_session
+from helpers.sandbox_http import run as run_command
 
 TASK = {
     "taskId": "hostile",
@@ -24,16 +26,11 @@ def http(sandbox):
 
 
 def new_session(http: httpx.Client, files: dict[str, str] | None = None) -> str:
-    task = {**TASK, "files": files or TASK["files"]}
-    response = http.post("/v1/sessions", json={"task": task})
-    assert response.status_code == 201, response.text
-    return response.json()["sessionId"]
+    return open_session(http, {**TASK, "files": files or TASK["files"]})
 
 
 def run(http: httpx.Client, sid: str, command: str, timeout: float = 5) -> dict:
-    response = http.post(f"/v1/sessions/{sid}/exec", json={"command": command, "timeout": timeout})
-    assert response.status_code == 200, response.text
-    return response.json()
+    return run_command(http, sid, command, timeout)
 
 
 def processes_of(uid: int) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import REPO
+from helpers.sandbox_http import client, open_session, run
 
 from kuberl.api import env_vars
 from kuberl_sandbox.local import SandboxEndpoint, local_sandbox
@@ -44,10 +45,6 @@ except OSError as err:
 """
 
 
-def client(server: SandboxEndpoint) -> httpx.Client:
-    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}, timeout=60)
-
-
 @pytest.fixture
 def http(sandbox) -> Iterator[httpx.Client]:
     with client(sandbox) as c:
@@ -64,15 +61,7 @@ def egress_sandbox() -> Iterator[SandboxEndpoint]:
 
 
 def new_session(http: httpx.Client) -> str:
-    response = http.post("/v1/sessions", json={"task": TASK})
-    assert response.status_code == 201, response.text
-    return response.json()["sessionId"]
-
-
-def run(http: httpx.Client, sid: str, command: str, timeout: float = 10) -> dict:
-    response = http.post(f"/v1/sessions/{sid}/exec", json={"command": command, "timeout": timeout})
-    assert response.status_code == 200, response.text
-    return response.json()
+    return open_session(http, TASK)
 
 
 def connect_from(http: httpx.Client, sid: str, family: str, address: str) -> str:
