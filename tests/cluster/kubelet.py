@@ -236,6 +236,8 @@ class PodRunner:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(files[item["key"]])
                     os.chmod(target, item.get("mode", source.get("defaultMode", 0o644)))
+                    if security.get("fsGroup") is not None:  # as the kubelet does: the group reads a 0440 file
+                        os.chown(target, -1, security["fsGroup"])
                 out[volume["name"]] = (path, False)
             else:
                 raise ValueError(f"volume {volume['name']}: only configMap, secret and emptyDir are supported")
