@@ -174,11 +174,12 @@ def test_the_servers_installation_and_history_are_out_of_sight(http):
     }
     seen = {name: run(http, sid, command)["output"] for name, command in probes.items()}
     assert "def " not in seen["source"] and "No such file" in seen["source"], seen
-    assert seen["listing"] == "", seen  # an empty, read-only folder covers the checkout
+    # an empty, read-only folder covers the checkout; a checkout under /tmp is not there at all (private /tmp)
+    assert seen["listing"] == "" or "No such file" in seen["listing"], seen
     assert "commit" not in seen["history"], seen
     assert "ModuleNotFoundError" in seen["import"], seen
-    covered = run(http, sid, f"touch {REPO}/planted; mount | grep -c ' {REPO} '")["output"]
-    assert "Read-only file system" in covered or "Permission denied" in covered, covered
+    planted = run(http, sid, f"touch {REPO}/planted")["output"]
+    assert any(why in planted for why in ("Read-only file system", "Permission denied", "No such file")), planted
 
 
 def test_egress_reaches_out_but_never_the_host_or_metadata(egress_sandbox):
