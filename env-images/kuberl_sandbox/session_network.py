@@ -128,12 +128,13 @@ def nft_ruleset(blocked: Iterable[str]) -> str:
 
 def host_addresses() -> list[str]:
     """Every address of this host's (or pod's) interfaces but loopback: behind a user-mode stack a session
-    could otherwise reach whatever listens on them."""
+    could otherwise reach whatever listens on them. Raises NetworkUnavailable when they cannot be listed: egress
+    is not allowed blind."""
     try:
         out = subprocess.run([IP, "-json", "address", "show"], capture_output=True, timeout=5, check=True).stdout
         interfaces = json.loads(out)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        raise NetworkUnavailable(f"cannot list this host's addresses, which egress must not reach: {err}") from None
     found = []
     for interface in interfaces:
         for info in interface.get("addr_info", []):
