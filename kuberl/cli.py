@@ -33,7 +33,7 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
     Exits 0 when every document is valid, 2 with one line per problem otherwise.
     """
-    results = validate_files(files)
+    results = validate_files(files, runs_here=True)
     for result in results:
         if result.ok and not quiet:
             assert result.job is not None
@@ -352,7 +352,7 @@ def run_command(
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--cpus") from None
     try:
-        job = load_rljob(job_file)
+        job = load_rljob(job_file, runs_here=True)
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
         load_job_tasks(job, resolve_rewards(job).function)
         _refuse_unready_repositories(job.spec.environment)

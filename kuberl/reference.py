@@ -11,7 +11,10 @@ HEADER = """# RLJob reference (`kuberl.io/v1alpha1`)
 
 Generated from the API models by `make crds`; do not edit. Every field is optional unless marked
 **required**; the default is what KubeRL uses when the field is left out. `kuberl validate FILE` checks a
-manifest against all of this, including the cross-field rules listed at the end.
+manifest against all of this, including the cross-field rules listed at the end, and what would fail once the
+job runs: an unknown environment or reward function (the known ones listed), a `module:function` that does not
+import, a process reward model, every bad row of a local task file (by line and field), a model named like a
+Hugging Face id that is not a local folder. Numbers are read as kubectl reads them (`1e-6`).
 
 | Field | Type | Default | Description |
 |---|---|---|---|

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kuberl.api.environment import RewardContext, RewardFunction, StepResult, Task, ToolCall
+from kuberl.api.spec import RewardSpec
 from kuberl.imports import import_reference
 
 _REGISTRY: dict[str, RewardFunction] = {}
@@ -50,6 +51,37 @@ def resolve_reward(ref: str) -> RewardFunction:
     if not callable(fn):
         raise ValueError(f"reward {ref!r}: {ref.partition(':')[2]!r} is not callable")
     return fn
+
+
+class RewardFieldError(ValueError):
+    """A job's reward field that cannot be used; `field` is its path in the manifest."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def job_rewards(reward_spec: RewardSpec) -> tuple[RewardFunction, RewardFunction | None]:
+    """The job's outcome reward function and its process reward function (None when off). RewardFieldError for
+    an unknown name, a `module:function` that does not import, or what is not supported: `kuberl validate` and
+    the rollout server ask the same question."""
+    process = reward_spec.process_reward
+    if process.enabled and process.model_uri is not None:
+        raise RewardFieldError(
+            "spec.reward.processReward.modelUri",
+            "process reward models are not supported yet; use spec.reward.processReward.function "
+            "(a registered name or module:function) instead",
+        )
+    try:
+        outcome = resolve_reward(reward_spec.function)
+    except ValueError as err:
+        raise RewardFieldError("spec.reward.function", str(err)) from None
+    if not (process.enabled and process.function):  # validation: an enabled one without modelUri has a function
+        return outcome, None
+    try:
+        return outcome, resolve_reward(process.function)
+    except ValueError as err:
+        raise RewardFieldError("spec.reward.processReward.function", str(err)) from None
 
 
 class EpisodeScorer:

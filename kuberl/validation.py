@@ -7,6 +7,7 @@ Nothing here raises for bad input: problems are returned.
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 import typing
 from collections.abc import Iterable
@@ -26,11 +27,30 @@ from kuberl.api.spec import (
     ENVIRONMENT_NAME_PATTERN,
     KIND,
     REWARD_REF_PATTERN,
+    SWE_BENCH,
+    EnvironmentSpec,
     openenv_class,
 )
 from kuberl.api.types import DNS_LABEL_PATTERN, IMAGE_PATTERN
+from kuberl.rewards import RewardFieldError, job_rewards
+from kuberl.suites import BUILTIN_ENVIRONMENTS
+from kuberl.suites.store import task_file_problems
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+"""`owner/name`: how the hub names a model, a relative two-part path nobody gives a job by intent."""
 
 STDIN = "-"
+
+
+class ManifestLoader(yaml.SafeLoader):
+    """YAML as kubectl reads it: `1e-6` is a number (YAML 1.2 and JSON), not the string YAML 1.1 makes of it."""
+
+
+ManifestLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)$"),
+    list("-+0123456789."),
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,7 @@ def read_documents(path: str) -> tuple[list[tuple[str, Any]], list[Problem]]:
     except UnicodeDecodeError as err:
         return [], [Problem(label, "", f"not UTF-8 text (byte {err.start}); is this a YAML file?")]
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        docs = [doc for doc in yaml.load_all(text, Loader=ManifestLoader) if doc is not None]
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -84,8 +104,9 @@ def read_documents(path: str) -> tuple[list[tuple[str, Any]], list[Problem]]:
     return [(f"{label}#{i + 1}" if many else label, doc) for i, doc in enumerate(docs)], []
 
 
-def validate_document(data: Any, source: str) -> DocumentResult:
-    """Validate one parsed YAML document as an RLJob."""
+def validate_document(data: Any, source: str, runs_here: bool = False) -> DocumentResult:
+    """Validate one parsed YAML document as an RLJob; `runs_here` (`kuberl validate`, `kuberl run`): also what
+    would fail once it runs on this machine (`later_failures`)."""
     result = DocumentResult(source)
     if not isinstance(data, dict):
         result.problems.append(Problem(source, "", f"expected a mapping (an RLJob manifest), got {_kind_of(data)}"))
@@ -109,7 +130,55 @@ def validate_document(data: Any, source: str) -> DocumentResult:
     # the class must import where the job is checked, as where it runs
     if openenv is not None and (problem := _openenv_problem(openenv)):
         result.problems.append(Problem(source, "spec.environment.name", problem))
+    if runs_here:
+        result.problems.extend(Problem(source, path, message) for path, message in later_failures(result.job))
     return result
+
+
+def later_failures(job: RLJob) -> list[tuple[str, str]]:
+    """(field, message) for what the schema lets through but would fail once the job runs: an unknown environment,
+    a reward that is not registered or does not import, a process reward model, a bad row of a local task file,
+    a model named like a Hugging Face id that is not a local folder."""
+    spec, found = job.spec, []
+    name = spec.environment.name
+    if openenv_class(name) is None and name not in BUILTIN_ENVIRONMENTS:
+        known = ", ".join(sorted(BUILTIN_ENVIRONMENTS))
+        found.append(
+            (
+                "spec.environment.name",
+                f"unknown environment {name!r}: built-in ones are {known}, or "
+                "openenv:module:Class for an OpenEnv environment",
+            )
+        )
+    try:
+        job_rewards(spec.reward)
+    except RewardFieldError as err:
+        found.append((err.field, err.message))
+    found += [("spec.environment.tasks.uri", message) for message in _task_file_problems(spec.environment)]
+    uri = spec.model.uri
+    if HUB_ID.match(uri) and not Path(uri).exists():
+        found.append(
+            (
+                "spec.model.uri",
+                f"{uri!r} looks like a Hugging Face model id, and KubeRL reads models from "
+                "a folder or s3:// only: download it (huggingface-cli download "
+                f"{uri} --local-dir models/{uri.rsplit('/', 1)[-1]}) and give that folder, or an s3:// copy",
+            )
+        )
+    return found
+
+
+def _task_file_problems(env: EnvironmentSpec) -> list[str]:
+    """Every bad row of a task file on this machine (one that is not here is the cluster's to read)."""
+    uri = env.tasks.uri
+    if uri is None or uri.startswith("s3://") or not Path(uri.removeprefix("file://")).is_file():
+        return []
+    path = Path(uri.removeprefix("file://"))
+    if env.name == SWE_BENCH:
+        from kuberl.swebench.instances import read_instances
+
+        return [str(problem) for problem in read_instances(path)[1]]
+    return task_file_problems(path)
 
 
 def _openenv_problem(ref: str) -> str | None:
@@ -125,20 +194,20 @@ def _openenv_problem(ref: str) -> str | None:
     return None
 
 
-def validate_files(paths: Iterable[str]) -> list[DocumentResult]:
+def validate_files(paths: Iterable[str], runs_here: bool = False) -> list[DocumentResult]:
     """Validate every document of every file; file-level problems become results without a job."""
     results: list[DocumentResult] = []
     for path in paths:
         docs, problems = read_documents(path)
         if problems:
             results.append(DocumentResult(problems[0].source, problems=problems))
-        results.extend(validate_document(doc, source) for source, doc in docs)
+        results.extend(validate_document(doc, source, runs_here) for source, doc in docs)
     return results
 
 
-def load_rljob(path: str) -> RLJob:
-    """The single RLJob in `path`; raises ManifestError listing every problem."""
-    results = validate_files([path])
+def load_rljob(path: str, runs_here: bool = False) -> RLJob:
+    """The single RLJob in `path`; raises ManifestError listing every problem (`runs_here`: validate_document)."""
+    results = validate_files([path], runs_here)
     problems = [p for r in results for p in r.problems]
     if problems:
         raise ManifestError(problems)

@@ -15,6 +15,8 @@ from kuberl.suites.store import read_jsonl
 BUILTIN_SUITES: dict[str, Callable[..., list[Task]]] = {
     swe_toy.SUITE: swe_toy.generate,
 }
+BUILTIN_ENVIRONMENTS = (SWE_BENCH, *BUILTIN_SUITES)
+"""spec.environment.name's built-in values (beside `openenv:module:Class`)."""
 
 
 def load_tasks(name: str, uri: str | None = None, split: str | None = None, count: int | None = None) -> list[Task]:

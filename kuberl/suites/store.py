@@ -23,23 +23,40 @@ def write_jsonl(tasks: Iterable[Task], path: str | Path) -> None:
 
 def read_jsonl(path: str | Path) -> list[Task]:
     """Read the tasks of a JSONL file; a bad line raises ValueError naming the file, the line and the field."""
-    path = Path(path)
+    tasks, problems = _read(Path(path))
+    if problems:
+        raise ValueError(problems[0])
+    return tasks
+
+
+def task_file_problems(path: str | Path) -> list[str]:
+    """Every bad line of a JSONL task file, one message each naming the line and field (empty: all good)."""
+    return _read(Path(path))[1]
+
+
+def _read(path: Path) -> tuple[list[Task], list[str]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: cannot read task file: {error}") from error
+        return [], [f"{path}: cannot read task file: {error}"]
     tasks: list[Task] = []
+    problems: list[str] = []
     first_line_of: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():  # blank lines (a trailing one, say) carry no task
             continue
-        task = _parse_line(path, number, line)
+        try:
+            task = _parse_line(path, number, line)
+        except ValueError as error:
+            problems.append(str(error))
+            continue
         if task.task_id in first_line_of:
             where = f"{path} line {number}: taskId"
-            raise ValueError(f"{where}: duplicate {task.task_id!r}, first on line {first_line_of[task.task_id]}")
+            problems.append(f"{where}: duplicate {task.task_id!r}, first on line {first_line_of[task.task_id]}")
+            continue
         first_line_of[task.task_id] = number
         tasks.append(task)
-    return tasks
+    return tasks, problems
 
 
 def _parse_line(path: Path, number: int, line: str) -> Task:

@@ -17,7 +17,7 @@ from kuberl.api.spec import SWE_BENCH, openenv_class
 from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import REPOSITORY_SYSTEM_PROMPT, SWE_SYSTEM_PROMPT
-from kuberl.rewards import check_tasks, resolve_reward
+from kuberl.rewards import check_tasks, job_rewards
 from kuberl.storage import check_model_folder, local_copy
 from kuberl.suites import environment_tasks
 from kuberl.tokens import read_job_token
@@ -71,17 +71,9 @@ class Rewards:
 def resolve_rewards(job: RLJob) -> Rewards:
     """The job's reward functions; ValueError (shown as a usage error) for an unknown or unsupported one."""
     reward = job.spec.reward
-    process = reward.process_reward
-    if process.enabled and process.model_uri is not None:
-        raise ValueError(
-            "spec.reward.processReward.modelUri: process reward models are not supported yet; "
-            "use spec.reward.processReward.function (a registered name or module:function) instead"
-        )
-    # validation guarantees an enabled process reward without a modelUri has a function
-    process_fn = resolve_reward(process.function) if process.enabled and process.function else None
-    return Rewards(
-        resolve_reward(reward.function), reward.intermediate_rewards, process_fn, process.weight if process_fn else 0.0
-    )
+    outcome_fn, process_fn = job_rewards(reward)
+    weight = reward.process_reward.weight if process_fn else 0.0
+    return Rewards(outcome_fn, reward.intermediate_rewards, process_fn, weight)
 
 
 def load_job_tasks(job: RLJob, reward_fn: RewardFunction) -> list[Task]:

@@ -116,6 +116,32 @@ BAD = [
         manifest_with(sandbox={"minReplicas": 4, "maxReplicas": 2}),
         ["spec.sandbox.maxReplicas: must be >= minReplicas (4), got 2"],
     ),
+    # what the schema lets through but a run would refuse: refused here, naming what is known
+    (
+        "unknown-reward",
+        manifest_with(reward={"function": "exact-match"}),
+        ["spec.reward.function: unknown reward 'exact-match': registered rewards are openenv-return, swe-bench"],
+    ),
+    (
+        "reward-that-does-not-import",
+        manifest_with(reward={"function": "my_rewards:score"}),
+        ["spec.reward.function: reward 'my_rewards:score': cannot import module 'my_rewards'"],
+    ),
+    (
+        "process-reward-model",
+        manifest_with(reward={"processReward": {"enabled": True, "modelUri": "s3://models/prm"}}),
+        ["spec.reward.processReward.modelUri: process reward models are not supported yet"],
+    ),
+    (
+        "unknown-environment",
+        manifest_with(environment={"name": "my-env"}),
+        ["spec.environment.name: unknown environment 'my-env': built-in ones are swe-bench, swe-toy, or openenv:"],
+    ),
+    (
+        "hub-id-model",
+        manifest_with(model={"uri": "Qwen/Qwen3-8B"}),
+        ["spec.model.uri: 'Qwen/Qwen3-8B' looks like a Hugging Face model id, and KubeRL reads models from a folder"],
+    ),
 ]
 
 
@@ -129,6 +155,25 @@ def test_bad_manifest_gets_one_line_per_problem(tmp_path, case, text, expected):
     assert len(lines) == len(expected), lines
     for line, fragment in zip(lines, expected, strict=True):
         assert line.startswith(path + ": ") and fragment in line, (line, fragment)
+
+
+def test_every_bad_row_of_a_local_task_file_is_named_by_line_and_field(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    good = '{"taskId": "a", "prompt": "p", "files": {"x.py": "1"}}'
+    tasks.write_text(f'{good}\n{{"taskId": "b", "prompt": "p", "files": {{"../x.py": "1"}}}}\nnot json\n{good}\n')
+    path = write(tmp_path, "job.yaml", manifest_with(environment={"tasks": {"uri": str(tasks)}}))
+    result = kuberl("validate", path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "tasks.uri" in line]
+    assert [line.split(f"{tasks} ")[1].split(":")[0] for line in lines] == ["line 2", "line 3", "line 4"], lines
+    assert "files" in lines[0] and "'../x.py'" in lines[0] and "not valid JSON" in lines[1]
+    assert "taskId: duplicate 'a', first on line 1" in lines[2]
+
+
+def test_numbers_are_read_as_kubectl_reads_them(tmp_path):
+    text = manifest_with() + "  training: {learningRate: 1e-6, totalSteps: 10}\n"
+    result = kuberl("validate", write(tmp_path, "job.yaml", text))
+    assert result.returncode == 0, result.stderr
 
 
 def test_many_documents_are_reported_each_by_number(tmp_path):

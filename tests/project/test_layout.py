@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import subprocess
+import tomllib
 
 import pytest
 from conftest import REPO
@@ -67,3 +68,10 @@ def test_every_import_package_is_in_the_distribution():
             relative = init.parent.relative_to(REPO / folder)
             found.add(".".join([package, *relative.parts]))
     assert found == listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_the_license_file_is_the_license_the_package_declares():
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]
+    text = (REPO / "LICENSE").read_text()
+    assert declared == "Apache-2.0"
+    assert text.split()[:5] == ["Apache", "License", "Version", "2.0,", "January"] and "END OF TERMS" in text
