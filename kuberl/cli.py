@@ -17,6 +17,10 @@ from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
 
 EXIT_INVALID = 2
+# one meaning for each option wherever it appears
+MODEL_HELP = "Local model folder to use instead of spec.model.uri."
+RUN_DIR_HELP = "The run's folder: metrics, checkpoints, the exported policy [runs/<job>]."
+TASKS_HELP = "Another task file (JSONL: local path, file:// or s3://) instead of the job's tasks."
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,7 +56,7 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
 @main.command("plan")
 @click.argument("job_file", metavar="JOB.yaml")
-@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
+@click.option("--model", "model_path", default=None, help=MODEL_HELP)
 @click.option("--gpu-memory", default="80Gi", show_default=True, help="Memory of one GPU (a quantity).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(job_file: str, model_path: str | None, gpu_memory: str, as_json: bool) -> None:
@@ -254,9 +258,9 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
 
 @main.command("build-tiny-model")
 @click.argument("path")
-@click.option("--hidden-size", default=128, show_default=True, type=int)
-@click.option("--layers", default=4, show_default=True, type=int)
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--hidden-size", default=128, show_default=True, type=int, help="Width of the model's hidden layers.")
+@click.option("--layers", default=4, show_default=True, type=int, help="Number of decoder layers.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the initial weights and pretraining.")
 @click.option(
     "--copy-pretraining/--no-copy-pretraining",
     default=True,
@@ -292,7 +296,8 @@ def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int
 @main.command("run")
 @click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--resume", is_flag=True, help="Continue a stopped run of this job from its newest checkpoint.")
-@click.option("--run-dir", default=None, help="Where the run's files go [runs/<job>].")
+@click.option("--run-dir", default=None, help=RUN_DIR_HELP)
+@click.option("--model", "model_path", default=None, help=MODEL_HELP)
 @click.option(
     "--evaluate/--no-evaluate",
     default=True,
@@ -324,6 +329,7 @@ def run_command(
     job_file: str,
     resume: bool,
     run_dir: str | None,
+    model_path: str | None,
     evaluate: bool,
     metrics_port: int | None,
     metrics_linger: str,
@@ -339,8 +345,6 @@ def run_command(
     from kuberl.api.types import parse_duration
     from kuberl.local.processes import parse_pinning
     from kuberl.local.runner import RunError, run_job
-    from kuberl.storage import LocalCopyError, check_model_folder, local_copy
-    from kuberl.validation import ManifestError, load_rljob
     from kuberl_rollout.server import load_job_tasks, resolve_rewards
 
     try:
@@ -351,17 +355,12 @@ def run_command(
         cores = parse_pinning(list(pinning), os.sched_getaffinity(0))
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--cpus") from None
+    job, model = _job_to_run(job_file, model_path)
     try:
-        job = load_rljob(job_file, runs_here=True)
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
         load_job_tasks(job, resolve_rewards(job).function)
         _refuse_unready_repositories(job.spec.environment)
-        model = str(local_copy(job.spec.model.uri))
-        check_model_folder(model)
-    except LocalCopyError as err:
-        hint = "the demo's tiny model: `kuberl build-tiny-model PATH`"
-        raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
-    except (ManifestError, ValueError) as err:
+    except ValueError as err:
         raise click.UsageError(str(err)) from None
     warm_up = None
     if job.spec.training.warmup.demonstrations:
@@ -416,6 +415,38 @@ def run_command(
         raise SystemExit(1)
 
 
+def _refuse_job_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """`--job` of the older `kuberl evaluate POLICY --job JOB.yaml`, answered with the grammar of every command."""
+    if value is not None:
+        raise click.UsageError("the job file is the first argument: kuberl evaluate JOB.yaml --model POLICY_DIR", ctx)
+
+
+def _job_to_run(job_file: str, model_path: str | None):
+    """The job in JOB.yaml checked for running here, and the local model folder it runs (`--model`, else a local
+    copy of spec.model.uri); a usage error naming the field or file otherwise."""
+    from kuberl.storage import LocalCopyError, check_model_folder, local_copy
+    from kuberl.validation import ManifestError, load_rljob
+
+    try:
+        job = load_rljob(job_file, runs_here=True)
+    except ManifestError as err:
+        # a model given on the command line replaces spec.model.uri: what is wrong with that field does not matter
+        problems = [p for p in err.problems if not (model_path and p.path == "spec.model.uri")]
+        if problems:
+            raise click.UsageError(str(ManifestError(problems))) from None
+        job = load_rljob(job_file)
+    try:
+        model = model_path or str(local_copy(job.spec.model.uri))
+    except LocalCopyError as err:
+        hint = "the demo's tiny model: `kuberl build-tiny-model PATH`; or give --model"
+        raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
+    try:
+        check_model_folder(model)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    return job, model
+
+
 CREDIT_PROBE_TASKS = 30
 
 
@@ -443,20 +474,11 @@ def _credit_probes(run_dir, held_out) -> None:
 
 
 @main.command("evaluate")
-@click.argument("policy", metavar="POLICY_DIR")
-@click.option(
-    "--job",
-    "job_file",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="The RLJob whose environment, rollout settings and evaluation split are used.",
-)
-@click.option(
-    "--tasks",
-    "tasks_uri",
-    default=None,
-    help="Another task file (JSONL: local path, file:// or s3://) instead of the job's tasks.",
-)
+@click.option("--job", hidden=True, is_eager=True, expose_value=False, callback=_refuse_job_option)
+@click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--model", "model_path", default=None, help=MODEL_HELP + " [RUN_DIR/policy: the run's export]")
+@click.option("--run-dir", default=None, help=RUN_DIR_HELP)
+@click.option("--tasks", "tasks_uri", default=None, help=TASKS_HELP)
 @click.option(
     "--split", default=None, help="Split to score [the job's environment.tasks.evalSplit; with --tasks: all]."
 )
@@ -465,25 +487,35 @@ def _credit_probes(run_dir, held_out) -> None:
     "--output",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Write the summary as JSON here [POLICY_DIR/../evaluation.json].",
+    help="Write the summary as JSON here [beside the model: MODEL/../evaluation.json].",
 )
 def evaluate_command(
-    policy: str, job_file: str, tasks_uri: str | None, split: str | None, episodes: int, output: str | None
+    job_file: str,
+    model_path: str | None,
+    run_dir: str | None,
+    tasks_uri: str | None,
+    split: str | None,
+    episodes: int,
+    output: str | None,
 ) -> None:
-    """The held-out solve rate of a policy: the export of a run (runs/<job>/policy) or any Hugging Face
-    folder, served by the job's own rollout server and sandbox (`kuberl run` measures its before and
-    after numbers with the same scorer)."""
+    """The held-out solve rate of a policy: the export of a run (the default: RUN_DIR/policy) or any Hugging Face
+    folder given with --model, served by the job's own rollout server and sandbox (`kuberl run` measures its
+    before and after numbers with the same scorer)."""
     from pathlib import Path
 
     from kuberl.local.evaluate import evaluate_policy, summary_line, write_summary
     from kuberl.rewards import check_tasks, resolve_reward
-    from kuberl.storage import check_model_folder
     from kuberl.suites import environment_tasks, load_tasks
     from kuberl.validation import ManifestError, load_rljob
 
+    if model_path is None:
+        try:
+            name = load_rljob(job_file).name
+        except ManifestError as err:
+            raise click.UsageError(str(err)) from None
+        model_path = str(Path(run_dir or f"runs/{name}") / "policy")
+    job, policy = _job_to_run(job_file, model_path)
     try:
-        job = load_rljob(job_file)
-        check_model_folder(policy)
         env = job.spec.environment
         if tasks_uri is None:
             tasks = environment_tasks(env, split or str(env.tasks.eval_split))
@@ -509,12 +541,12 @@ def evaluate_command(
 
 @main.command("rollout-server")
 @click.argument("job_file", metavar="JOB.yaml")
-@click.option("--host", default="0.0.0.0", show_default=True)
-@click.option("--port", default=8800, show_default=True, type=int)
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8800, show_default=True, type=int, help="Port to listen on.")
 @click.option(
     "--sandbox-url", "sandbox_urls", multiple=True, help="Sandbox server URL (repeat) [env KUBERL_SANDBOX_URLS]."
 )
-@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
+@click.option("--model", "model_path", default=None, help=MODEL_HELP)
 def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str, ...], model_path: str | None) -> None:
     """Serve one vLLM engine and the agent loop for the RLJob in JOB.yaml. Callers present the job token (the file
     KUBERL_JOB_TOKEN_FILE names, else KUBERL_JOB_TOKEN) but for /healthz, /readyz and /metrics; sandboxes are
@@ -536,8 +568,8 @@ def rollout_server(job_file: str, host: str, port: int, sandbox_urls: tuple[str,
 @main.command()
 @click.argument("job_file", metavar="JOB.yaml")
 @click.option("--rollout-url", "rollout_urls", multiple=True, required=True, help="Rollout server URL (repeat).")
-@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
-@click.option("--run-dir", default=None, help="Where metrics.jsonl, status.json and local checkpoints go [runs/<job>].")
+@click.option("--model", "model_path", default=None, help=MODEL_HELP)
+@click.option("--run-dir", default=None, help=RUN_DIR_HELP)
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port (rank 0).")
 def learner(
     job_file: str, rollout_urls: tuple[str, ...], model_path: str | None, run_dir: str | None, metrics_port: int | None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # console scripts (kuberl, ruff, torchrun, helm) beside the interpreter
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 sys.path.insert(0, str(REPO / "tests"))  # for `helpers`
+
+
+def tool(name: str) -> str:
+    """A program from the virtual environment's bin (where `make install` puts helm, promtool and prometheus when the
+    machine has none) or PATH; its bare name when neither has it, so the test fails saying which."""
+    return shutil.which(name, path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")])) or name
+
 
 BASE_MANIFEST: dict[str, Any] = {
     "apiVersion": "kuberl.io/v1alpha1",

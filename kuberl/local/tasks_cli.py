@@ -100,7 +100,9 @@ def prepare_command(file: str, repos: str, environments: str) -> None:
 @click.argument("file", metavar="INSTANCES.jsonl", type=click.Path(dir_okay=False, exists=True))
 @_repos_option
 @_environments_option
-@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option(
+    "--concurrency", default=2, show_default=True, type=click.IntRange(1, 64), help="Instances checked at once."
+)
 def check_command(file: str, repos: str, environments: str, concurrency: int) -> None:
     """Gold validation in the sandbox: with `patch` each instance must be resolved; unchanged, its FAIL_TO_PASS
     tests fail and its PASS_TO_PASS tests pass. One line per instance, then `N/M instances valid`; exit 0
@@ -124,8 +126,10 @@ def check_command(file: str, repos: str, environments: str, concurrency: int) ->
 @click.option("--repos", required=True, type=click.Path(file_okay=False), help="The mirror to add repositories to.")
 @_environments_option
 @click.option("--package", "packages", multiple=True, help="A pinned package, name==version (repeat) [the defaults].")
-@click.option("--per-package", default=24, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--per-package", default=24, show_default=True, type=click.IntRange(1, 1000), help="Instances made per package."
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the bugs' draw.")
 def make_command(
     out: str, repos: str, environments: str, packages: tuple[str, ...], per_package: int, seed: int
 ) -> None:

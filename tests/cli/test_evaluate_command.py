@@ -40,8 +40,21 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 def test_a_policy_folder_that_is_not_a_model_is_one_line_naming_it(tmp_path):
     job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
     (tmp_path / "policy").mkdir()
-    error = one_line_error(kuberl("evaluate", str(tmp_path / "policy"), "--job", job))
+    error = one_line_error(kuberl("evaluate", job, "--model", str(tmp_path / "policy")))
     assert f"{tmp_path / 'policy'}: no config.json" in error
+
+
+def test_the_older_grammar_is_answered_with_the_new_one(tmp_path):
+    job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
+    (tmp_path / "policy").mkdir()
+    error = one_line_error(kuberl("evaluate", str(tmp_path / "policy"), "--job", job))
+    assert "kuberl evaluate JOB.yaml --model POLICY_DIR" in error
+
+
+def test_without_model_it_scores_the_runs_export_and_names_it_when_missing(tmp_path):
+    job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
+    error = one_line_error(kuberl("evaluate", job, "--run-dir", str(tmp_path / "run")))
+    assert f"{tmp_path / 'run' / 'policy'}: no config.json" in error
 
 
 def test_a_task_file_without_fail_to_pass_is_refused_naming_the_file_and_field(tmp_path):
@@ -49,7 +62,7 @@ def test_a_task_file_without_fail_to_pass_is_refused_naming_the_file_and_field(t
     tasks = [t.model_copy(update={"fail_to_pass": None, "pass_to_pass": None}) for t in load_tasks("swe-toy")[:2]]
     write_jsonl(tasks, tmp_path / "old.jsonl")
     job = job_file(tmp_path, tiny_job_spec(model))
-    error = one_line_error(kuberl("evaluate", str(model), "--job", job, "--tasks", str(tmp_path / "old.jsonl")))
+    error = one_line_error(kuberl("evaluate", job, "--model", str(model), "--tasks", str(tmp_path / "old.jsonl")))
     assert "old.jsonl" in error and "failToPass" in error
 
 
@@ -69,9 +82,9 @@ def test_it_scores_a_task_file_and_writes_the_summary(tmp_path):
     out = tmp_path / "eval.json"
     result = kuberl(
         "evaluate",
-        str(model),
-        "--job",
         job,
+        "--model",
+        str(model),
         "--tasks",
         str(tmp_path / "tasks.jsonl"),
         "--episodes",

@@ -173,6 +173,27 @@ def test_a_previous_run_is_never_overwritten(model, tmp_path):
     assert (tmp_path / "run" / "job.json").read_text() == "{}"
 
 
+def test_model_on_the_command_line_replaces_the_jobs_model(model, tmp_path):
+    manifest = yaml.safe_load(job("hub", model, tmp_path)[1].read_text())
+    manifest["spec"]["model"]["uri"] = "Qwen/Qwen3-8B"  # a hub id: refused unless --model replaces it
+    path = tmp_path / "hub.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "job.json").write_text("{}")
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run"), *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+    refused = run()
+    assert refused.returncode == 2 and "spec.model.uri" in refused.stderr and "huggingface-cli" in refused.stderr
+    # with --model the job gets as far as its run folder (kept: it holds an earlier run)
+    replaced = run("--model", str(model))
+    assert replaced.returncode == 2 and "--resume" in replaced.stderr and "spec.model.uri" not in replaced.stderr
+    not_a_model = run("--model", str(tmp_path))
+    assert not_a_model.returncode == 2 and f"{tmp_path}: no config.json" in not_a_model.stderr
+
+
 def test_ctrl_c_stops_with_a_final_checkpoint_and_resume_continues(model, tmp_path):
     _, path = job("resume", model, tmp_path, training={"totalSteps": 6})
     argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run"), "--no-evaluate"]

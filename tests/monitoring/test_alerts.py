@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 import yaml
+from conftest import tool
 from monitoring.schema import ALERT_TESTS, ALERTS, alert_rules, selectors
 
 # Every alert the issue asks for, by what it watches.
@@ -25,7 +26,7 @@ EXPECTED = {
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([tool("promtool"), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_promtool_check_rules_passes():

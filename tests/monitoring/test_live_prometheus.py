@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from conftest import tool
 from helpers.tiny_job import tiny_job_spec
 from monitoring.emulated_operator import OPERATOR_JOB, OperatorEndpoint, operator_fixture  # noqa: F401
 from monitoring.schema import (
@@ -165,12 +166,12 @@ def start_prometheus(folder: Path, targets_file: Path, operator_port: int) -> tu
         ],
     }
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    check = subprocess.run(["promtool", "check", "config", str(folder / "prometheus.yml")], capture_output=True)
+    check = subprocess.run([tool("promtool"), "check", "config", str(folder / "prometheus.yml")], capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
     port = free_port()
     process = subprocess.Popen(
         [
-            "prometheus",
+            tool("prometheus"),
             f"--config.file={folder / 'prometheus.yml'}",
             f"--storage.tsdb.path={folder / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
