@@ -1,4 +1,5 @@
-"""Container images for the node agent: the project's virtual environment stands in for every image that
+"""Container images for the node agent. An image in local containers storage runs from its own root
+filesystem (image_store.py); for the others, the project's virtual environment stands in for every image that
 one of the project's Dockerfiles builds. What the image would give the container is read from its
 Dockerfile (its tag from the `docker build ... -t IMAGE` line, ENV, ENTRYPOINT, CMD, USER, a base it is
 built FROM), and the executables a command names are looked up where the image would have them: the
@@ -26,11 +27,13 @@ PYTHONS = {"python", "python3", "python3.11", "/usr/local/bin/python", "/usr/loc
 @dataclass
 class Image:
     name: str  # without the tag
-    dockerfile: Path
+    dockerfile: Path | None  # None: an image from local containers storage (image_store.py)
     env: dict[str, str] = field(default_factory=dict)
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     user: str | None = None
+    rootfs: Path | None = None  # the image's root filesystem; None: the checkout stands in for it
+    workdir: str | None = None
 
 
 class ImageNotFound(LookupError):

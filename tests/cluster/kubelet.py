@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cluster.image_store import ImageStoreError, stored_image
 from cluster.images import (
     BASE_PATH,
     VENV_BIN,
@@ -252,7 +253,7 @@ class PodRunner:
 
     def environment(self, container: dict[str, Any], image: Image) -> dict[str, str]:
         env = {
-            "PATH": f"{VENV_BIN}:{BASE_PATH}",
+            "PATH": BASE_PATH if image.rootfs else f"{VENV_BIN}:{BASE_PATH}",
             "HOSTNAME": self.spec.get("hostname") or self.name,
             **image.env,
             **self.agent.extra_env,
@@ -294,12 +295,13 @@ class PodRunner:
 
     def start(self, c: Container) -> None:
         """Start (or restart) a container: command from the spec or the image, its env, mounts and user."""
-        image = find_image(c.spec["image"], self.agent.images)
+        image = self.agent.image(c.spec["image"])
         c.env = self.environment(c.spec, image)
         argv = [expand(a, c.env) for a in container_argv(c.spec, image)]
         if not argv:
             raise ExecutableNotFound("no command specified")
-        argv[0] = resolve_executable(argv[0])
+        if image.rootfs is None:
+            argv[0] = resolve_executable(argv[0])
         uid, gid, groups = self.user(c.spec, image)
         mounts = []
         for m in c.spec.get("volumeMounts") or []:
@@ -311,15 +313,16 @@ class PodRunner:
             mounts.append({"source": str(self.volumes["kube-api-access"][0]), "target": SERVICE_ACCOUNT_DIR})
             mounts[-1]["readOnly"] = True
         for m in mounts:
-            if not m["target"].startswith(("/run/", "/var/run/")):  # those are made in the container's /run
+            # those under /run are made in the container's /run; an image has its own root for them all
+            if image.rootfs is None and not m["target"].startswith(("/run/", "/var/run/")):
                 self.agent.mount_point(m["target"])
         expose = []
-        if uid != 0:
+        if uid != 0 and image.rootfs is None:
             staging = self.dir / "interpreter"
             staging.mkdir(exist_ok=True)
             expose.append({"path": str(INTERPRETER_HOME), "staging": str(staging)})
         keep = []
-        if any(CHECKOUT.is_relative_to(m["target"]) for m in mounts):  # a clone under /tmp, a /tmp volume
+        if image.rootfs is None and any(CHECKOUT.is_relative_to(m["target"]) for m in mounts):  # a /tmp volume
             staging = self.dir / "checkout"
             staging.mkdir(exist_ok=True)
             keep.append({"path": str(CHECKOUT), "staging": str(staging)})
@@ -331,7 +334,9 @@ class PodRunner:
             "keep": keep,
             "readOnlyRoot": (c.spec.get("securityContext") or {}).get("readOnlyRootFilesystem", False),
             "hostname": self.spec.get("hostname") or self.name,
-            "workdir": c.spec.get("workingDir"),
+            "workdir": c.spec.get("workingDir") or image.workdir,
+            "rootfs": str(image.rootfs) if image.rootfs else None,
+            "layer": str(self.dir / "layers" / c.name),
             "uid": uid,
             "gid": gid,
             "groups": groups,
@@ -470,8 +475,9 @@ class PodRunner:
         if hook is None or pid is None:
             return
         argv = list(hook["command"])
-        argv[0] = resolve_executable(argv[0])
-        image = find_image(c.spec["image"], self.agent.images)
+        image = self.agent.image(c.spec["image"])
+        if image.rootfs is None:
+            argv[0] = resolve_executable(argv[0])
         uid, gid, _ = self.user(c.spec, image)
         command = ["nsenter", "-t", str(pid), "--mount", "--uts", "--pid", "--net", "--wd=/"]
         command += ["-S", str(uid), "-G", str(gid), *argv]
@@ -591,7 +597,10 @@ class NodeAgent:
         workdir: Path,
         host_ports: tuple[int, ...] = (),
         extra_env: dict[str, str] | None = None,
+        local_images: dict[str, str] | None = None,
     ) -> None:
+        """`local_images`: pod image references to run from these images of local containers storage;
+        any other reference runs from local storage when it is there, else from the checkout."""
         from cluster.controllers import WorkloadControllers
 
         self.api = Api(api_url)
@@ -605,9 +614,12 @@ class NodeAgent:
         self.host_ports = host_ports
         self.extra_env = extra_env or {}
         self.images = project_images()
+        self.local_images = local_images or {}
+        self.resolved: dict[str, Image] = {}  # pod image reference -> what runs it
         self.controllers = WorkloadControllers(self.api)
         self.pods: dict[str, PodRunner] = {}
         self.lock = threading.Lock()
+        self.image_lock = threading.Lock()  # one image prepared at a time; the other pods wait for it
         self.index = 0
         self.created_dirs: list[Path] = []
         self.stopping = threading.Event()
@@ -676,6 +688,25 @@ class NodeAgent:
         with self.lock:
             self.index += 1
             return self.index
+
+    def image(self, reference: str) -> Image:
+        """What runs a pod's image: the image itself when it is in local containers storage (its root
+        filesystem prepared on first use), else the checkout standing in for a project image."""
+        with self.lock:
+            if reference in self.resolved:
+                return self.resolved[reference]
+        local = self.local_images.get(reference, reference)
+        with self.image_lock:
+            try:
+                stored = stored_image(local)
+            except (ImageStoreError, ValueError) as err:
+                raise ImageNotFound(f"{local}: {err}") from err
+        if stored is None and reference in self.local_images:
+            raise ImageNotFound(f"{local} (for {reference}) is not in local containers storage")
+        image = stored or find_image(reference, self.images)
+        with self.lock:
+            self.resolved[reference] = image
+        return image
 
     def mount_point(self, target: str) -> None:
         """Create a missing mount point on the node (an image would have it); removed again by close."""

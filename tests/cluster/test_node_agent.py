@@ -4,11 +4,16 @@ graceful deletion with preStop; and the workload controllers keep a StatefulSet'
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster.image_store import STORAGE
 from cluster.kubelet import FINALIZER, NodeAgent, node_unavailable
 from helpers.emulator import Api, emulated_api_server
 from helpers.polling import wait_for
@@ -89,14 +94,66 @@ def server_pod(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+# a small image's entrypoint (busybox): writes what the container sees into /tmp/www, then serves that
+# folder; /ready exists only once everything else is written
+ENTRYPOINT = r"""mkdir -p /tmp/www && pwd > /tmp/www/pwd && cd /tmp/www
+id -u > uid; id -g > gid; id -G > groups; ls / > root
+echo "$FROM_IMAGE $GREETING $PATH" > env
+cat /etc/demo/hello.txt > volume; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace > account
+ln -s /etc/hosts hosts
+(echo x > /written) 2>/dev/null && echo writable > rootfs || echo read-only > rootfs
+echo $$ > pid; touch ready
+exec httpd -f -p 8080 -h /tmp/www
+"""
+LOCAL_IMAGE = "registry.example/kuberl-test/busybox:1"  # a pod's reference, mapped to the local image
+
+
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, NodeAgent]]:
+def busybox_image() -> Iterator[str]:
+    """A small image in local containers storage: a static busybox, a user `app` (1234:2345), its own
+    ENV, WORKDIR and ENTRYPOINT."""
+    busybox = shutil.which("busybox")
+    if shutil.which("buildah") is None or busybox is None:
+        pytest.skip("a pod from an image needs buildah and a static busybox (apt-get install buildah busybox-static)")
+    if "statically linked" not in subprocess.run(["file", "-L", busybox], capture_output=True, text=True).stdout:
+        pytest.skip(f"{busybox} is not statically linked (apt-get install busybox-static)")
+    reference = f"localhost/kuberl-test/busybox:{uuid.uuid4().hex[:8]}"
+
+    def buildah(*args: str) -> str:
+        return subprocess.run(["buildah", *STORAGE, *args], check=True, capture_output=True, text=True).stdout
+
+    container = buildah("from", "scratch").strip()
+    try:
+        root = Path(buildah("mount", container).strip())
+        for folder in ("bin", "etc", "tmp", "var", "www"):
+            (root / folder).mkdir()
+        shutil.copy(busybox, root / "bin" / "busybox")
+        for applet in ("sh", "httpd", "id", "cat", "ls", "mkdir", "ln", "touch", "echo"):
+            (root / "bin" / applet).symlink_to("busybox")
+        (root / "bin" / "serve").write_text(ENTRYPOINT)
+        (root / "var" / "run").symlink_to("/run")
+        (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\napp:x:1234:2345::/www:/bin/sh\n")
+        (root / "etc" / "group").write_text("root:x:0:\napp:x:2345:\n")
+        buildah("config", "--user", "app", "--env", "PATH=/bin", "--env", "FROM_IMAGE=yes", "--workingdir", "/www",
+                "--entrypoint", '["/bin/sh", "/bin/serve"]', container)  # fmt: skip
+        buildah("commit", "-q", container, reference)
+    finally:
+        buildah("rm", container)
+    yield reference
+    subprocess.run(["buildah", *STORAGE, "rmi", "-f", reference], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator[tuple[Api, NodeAgent]]:
+    local = {}
+    if shutil.which("buildah") and shutil.which("busybox"):
+        local[LOCAL_IMAGE] = request.getfixturevalue("busybox_image")
     with emulated_api_server() as url:
         api = Api(url)
         api.post(f"/api/v1/namespaces/{NS}/configmaps", {"metadata": meta("cm"), "data": {"greeting": "hi"}})
         api.post(f"/api/v1/namespaces/{NS}/secrets", {"metadata": meta("sec"), "stringData": {"token": "s3cr3t"}})
         workdir = tmp_path_factory.mktemp("node", numbered=True)
-        with NodeAgent(url, workdir) as agent:
+        with NodeAgent(url, workdir, local_images=local) as agent:
             yield api, agent
         assert not agent.errors, agent.errors
 
@@ -236,3 +293,49 @@ def test_a_stateful_set_keeps_its_pods_by_ordinal_and_replaces_a_deleted_one(nod
     wait_for("db-1 gone", lambda: api.get(f"{PODS}/db-1") is None, 60)
     sts_path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/db"
     wait_for("the StatefulSet's status", lambda: (api.get(sts_path).get("status") or {}).get("replicas") == 1, 30)
+
+
+def test_a_pod_from_an_image_runs_its_entrypoint_as_its_user_with_its_volumes(node, busybox_image):
+    """The image's root filesystem, ENTRYPOINT, USER, ENV and WORKDIR, with the pod's volumes over it."""
+    api, _ = node
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "from-image", "namespace": NS},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": LOCAL_IMAGE,
+                    "env": [{"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "greeting"}}}],
+                    "volumeMounts": [
+                        {"name": "config", "mountPath": "/etc/demo", "readOnly": True},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
+                    "securityContext": {"readOnlyRootFilesystem": True},
+                }
+            ],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "cm", "items": [{"key": "greeting", "path": "hello.txt"}]}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
+        },
+    }
+    api.post(PODS, pod)
+    wait_for("from-image ready", lambda: ready(api, "from-image"), 60)
+    base = f"http://{pod_status(api, 'from-image')['podIP']}:8080"
+    seen = {name: get(f"{base}/{name}").strip() for name in ("uid", "gid", "groups", "pwd", "env", "pid")}
+    assert seen == {
+        "uid": "1234",  # the image's USER, by name from its /etc/passwd
+        "gid": "2345",
+        "groups": "2345",
+        "pwd": "/www",  # its WORKDIR
+        "env": "yes hi /bin",  # its ENV, the pod's env
+        "pid": "1",  # the entrypoint is PID 1
+    }
+    assert get(f"{base}/volume") == "hi"
+    assert get(f"{base}/account") == NS  # the token volume, through the image's /var/run -> /run link
+    wait_for("the pod's own name in its /etc/hosts", lambda: "from-image" in get(f"{base}/hosts"), 10)
+    assert get(f"{base}/rootfs") == "read-only\n"
+    assert get(f"{base}/root").split() == ["bin", "dev", "etc", "proc", "run", "sys", "tmp", "var", "www"]
