@@ -3,8 +3,10 @@
 FSDP averages gradients over ranks, so each rank's loss is its share of the *global* token-mean (summed
 per-token losses over the global number of loss tokens) times the world size. The batch may be split
 into mini-batches (one optimizer update each, PPO-style, against the log-probs the policy had at the
-start of the batch). An update whose loss or gradient norm is not finite is skipped (gradients dropped)
-and reported.
+start of the batch), and a mini-batch into micro-batches packed by a token budget whose gradients add
+up: each micro-batch's loss is its part of the rank's token-mean (or seq-mean), so regrouping rows
+changes nothing but the float summation order. An update whose loss or gradient norm is not finite is
+skipped (gradients dropped) and reported.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
+import torch.distributed as dist
 
-from kuberl_trainer.algorithms.losses import LossConfig, policy_loss
+from kuberl_trainer.algorithms.losses import LossConfig, denominators, policy_loss
 from kuberl_trainer.distributed import all_reduce_sums
+from kuberl_trainer.token_scores import score_tokens
 from kuberl_trainer.value_head import VALUE_HEAD, has_value_head
 
 
@@ -36,6 +40,15 @@ class TokenBatch:
     def rows(self, index: torch.Tensor | slice) -> TokenBatch:
         return TokenBatch(
             **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in fields(self)}
+        )
+
+    def columns(self, width: int) -> TokenBatch:
+        """The first `width` positions of every row."""
+        return TokenBatch(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[:, :width]
+                for f in fields(self)
+            }
         )
 
     def to(self, device: torch.device) -> TokenBatch:
@@ -61,37 +74,25 @@ def forward(
     entropy_grad: bool = False,
     temperature: float = 1.0,
     from_position: int = 1,
+    chunk_tokens: int | None = None,
 ) -> Forward:
     """Token log-probs, entropies and (with a value head) values, aligned with the input tokens. Log-probs
     are of the distribution the rollout engine sampled from: the logits divided by its `temperature`.
 
-    Log-probs and entropies are computed for tokens `from_position` onwards and are 0 before: the [B, T, V]
-    logits are the largest tensor of a step, and an agent's first prompt (the task, the tools), which no
-    loss reads, is most of T (`first_scored`)."""
-    values_wanted = has_value_head(model)
+    Log-probs and entropies are computed for tokens `from_position` onwards and are 0 before: an agent's
+    first prompt (the task, the tools), which no loss reads, is most of T (`first_scored`). The logits are
+    computed `chunk_tokens` at a time (kuberl_trainer/token_scores.py)."""
     if _right_padded(attention_mask):
         # causal attention never lets a token see the padding after it, and without a mask the attention
         # kernel takes its causal fast path (measured: a warm-up step about 20 % faster on CPU)
         attention_mask = None
     width = input_ids.shape[1]
     from_position = min(max(from_position, 1), width)
-    # logits of positions from_position - 1 .. T - 1; the last predicts no input token
-    kept = width - from_position + 1
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=values_wanted, logits_to_keep=kept
+    head = getattr(model, VALUE_HEAD) if has_value_head(model) else None
+    picked, entropy, values = score_tokens(
+        model, input_ids, attention_mask, from_position, temperature, entropy_grad, head, chunk_tokens
     )
-    logits = out.logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    picked = log_probs.gather(-1, input_ids[:, from_position:, None])[..., 0]
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        source = log_probs if entropy_grad else log_probs.detach()
-        entropy = -(source.exp() * source).sum(-1)
     before = picked.new_zeros((picked.shape[0], from_position))
-    values = None
-    if values_wanted:
-        values = getattr(model, VALUE_HEAD)(out.hidden_states[-1]).squeeze(-1).float()
     return Forward(torch.cat([before, picked], dim=1), torch.cat([before, entropy], dim=1), values)
 
 
@@ -106,15 +107,110 @@ def _right_padded(attention_mask: torch.Tensor) -> bool:
     return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """log p(token t | tokens < t) for t >= 1, with 0 at t = 0, shape [B, T]."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
     return forward(model, input_ids, attention_mask).logprobs
 
 
 @torch.no_grad()
-def predict(model, batch: TokenBatch, temperature: float = 1.0, from_position: int = 1) -> Forward:
-    """A forward pass without gradient (old log-probs, values for GAE, the reference policy)."""
-    return forward(model, batch.input_ids, batch.attention_mask, temperature=temperature, from_position=from_position)
+def predict(
+    model,
+    batch: TokenBatch,
+    temperature: float = 1.0,
+    from_position: int = 1,
+    micro_batch_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    scored_rows_only: bool = False,
+) -> Forward:
+    """A forward pass without gradient (old log-probs, values for GAE, the reference policy), one micro-batch
+    of at most `micro_batch_tokens` at a time (every rank runs as many); [B, T] results, 0 in rows left out
+    (`scored_rows_only`: those without a loss or value token)."""
+    rows, width = batch.input_ids.shape
+    logprobs, entropy = torch.zeros(rows, width), torch.zeros(rows, width)
+    values = torch.zeros(rows, width) if has_value_head(model) else None
+    for index in micro_batches(batch, micro_batch_tokens, keep_empty_rows=not scored_rows_only):
+        part, start = (batch.rows(index), from_position) if index is not None else (_idle(batch), 1)
+        part = part.columns(used_width(part.attention_mask))
+        out = forward(
+            model,
+            part.input_ids,
+            part.attention_mask,
+            temperature=temperature,
+            from_position=start,
+            chunk_tokens=chunk_tokens,
+        )
+        if index is None:
+            continue
+        cut = out.logprobs.shape[1]
+        logprobs[index, :cut] = out.logprobs.to(logprobs.device, logprobs.dtype)
+        entropy[index, :cut] = out.entropy.to(entropy.device, entropy.dtype)
+        if values is not None:
+            values[index, :cut] = out.values.to(values.device, values.dtype)
+    device = batch.input_ids.device
+    return Forward(logprobs.to(device), entropy.to(device), None if values is None else values.to(device))
+
+
+def used_width(attention_mask: torch.Tensor) -> int:
+    """Columns up to the last attended token of any row (the padding after it is cut off)."""
+    columns = attention_mask.any(dim=0).nonzero()
+    return int(columns[-1]) + 1 if len(columns) else 1
+
+
+def row_lengths(attention_mask: torch.Tensor) -> list[int]:
+    """Each row's tokens up to its last attended one (what it costs in a micro-batch)."""
+    width = attention_mask.shape[1]
+    last = torch.where(attention_mask.bool(), torch.arange(width, device=attention_mask.device), -1).max(dim=1).values
+    return [int(x) + 1 for x in last.cpu()]
+
+
+def micro_batches(
+    batch: TokenBatch, token_budget: int | None, keep_empty_rows: bool = False
+) -> list[torch.Tensor | None]:
+    """This rank's micro-batches (row indices) of `batch` packed by `pack_by_tokens`, padded with None
+    (an idle micro-batch) to the most any rank has: FSDP needs every rank in every forward and backward.
+    Rows without a loss or value token are left out unless `keep_empty_rows`; there is always one."""
+    rows = list(range(batch.input_ids.shape[0]))
+    if not keep_empty_rows:
+        scored = batch.loss_mask.any(dim=1)
+        if batch.value_mask is not None:
+            scored |= batch.value_mask.any(dim=1)
+        rows = [r for r in rows if bool(scored[r])]
+    lengths = row_lengths(batch.attention_mask)
+    groups = pack_by_tokens([lengths[r] for r in rows], token_budget)
+    mine: list[torch.Tensor | None] = [torch.tensor([rows[i] for i in g], dtype=torch.long) for g in groups]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    counts = all_reduce_sums([float(len(mine)) if r == rank else 0.0 for r in range(world)])
+    return mine + [None] * (max(1, int(max(counts))) - len(mine))
+
+
+def pack_by_tokens(lengths: list[int], token_budget: int | None) -> list[list[int]]:
+    """Micro-batches (indices into `lengths`) taken longest first: a micro-batch takes rows while their count
+    times its longest row (the padded tensor) stays within `token_budget`; a row longer than the budget is a
+    micro-batch of its own. No budget: one micro-batch of every row."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if token_budget is None:
+        return [order] if order else []
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _idle(batch: TokenBatch) -> TokenBatch:
+    """A two-token micro-batch with nothing to learn from: a rank with fewer micro-batches than the others
+    runs it, so every FSDP collective has every rank."""
+    part = batch.rows(slice(0, 1)).columns(2)
+    part.attention_mask = torch.ones_like(part.attention_mask)
+    part.loss_mask = torch.zeros_like(part.loss_mask)
+    if part.value_mask is not None:
+        part.value_mask = torch.zeros_like(part.value_mask)
+    return part
 
 
 STAT_KEYS = ("mismatch_kl", "clip_fraction", "is_weight_mean", "entropy", "kl_ref", "value_loss")
@@ -151,20 +247,35 @@ def train_step(
     ref_model=None,
     value_coef: float = 0.0,
     before_update: Callable[[], None] | None = None,
+    micro_batch_tokens: int | None = None,
+    chunk_tokens: int | None = None,
 ) -> StepReport:
     """Forward, backward, clip, step (per mini-batch); returns loss, grad norm, diagnostics (token-weighted
     over ranks and mini-batches) and the number of skipped updates. Every rank must have the same number
-    of rows, at least `mini_batches` (pad with rows whose loss mask is empty). `before_update` runs before
-    each optimizer step (a checkpoint still copying the weights waits there, not before the forward)."""
+    of rows, at least `mini_batches` (pad with rows whose loss mask is empty). Each mini-batch's rows run in
+    micro-batches of at most `micro_batch_tokens` (unset: one), whose gradients add up to the mini-batch's.
+    `before_update` runs before each optimizer step (a checkpoint still copying the weights waits there, not
+    before the forward)."""
     temperature, start = loss_config.temperature, first_scored(batch.loss_mask)
-    old = predict(model, batch, temperature, start).logprobs if mini_batches > 1 else None
+    parts = torch.tensor_split(torch.arange(batch.input_ids.shape[0]), mini_batches)
+    plans = [micro_batches(batch.rows(part), micro_batch_tokens) for part in parts]
+    # the old log-probs: the batch's start for mini-batches; with masked importance sampling also when a
+    # mini-batch is split, because which tokens count (so the loss's denominator) depends on them
+    needs_old = mini_batches > 1 or (loss_config.off_policy == "mis" and max(map(len, plans)) > 1)
+    gradient_free = {
+        "from_position": start,
+        "micro_batch_tokens": micro_batch_tokens,
+        "chunk_tokens": chunk_tokens,
+        "scored_rows_only": True,
+    }
+    old = predict(model, batch, temperature, **gradient_free).logprobs if needs_old else None
     ref = None
     if ref_model is not None and loss_config.kl_coef:
-        ref = predict(ref_model, batch, temperature, start).logprobs
+        ref = predict(ref_model, batch, temperature, **gradient_free).logprobs
     report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
     total_tokens = 0.0
     norms = []
-    for part in torch.tensor_split(torch.arange(batch.input_ids.shape[0]), mini_batches):
+    for part, plan in zip(parts, plans, strict=True):
         mini = batch.rows(part)
         old_part, ref_part = (None if x is None else x[part] for x in (old, ref))
         result = _update(
@@ -179,6 +290,8 @@ def train_step(
             value_coef,
             before_update,
             start,
+            plan,
+            chunk_tokens,
         )
         tokens = result.pop("tokens")
         total_tokens += tokens
@@ -206,58 +319,88 @@ def _update(
     value_coef: float,
     before_update: Callable[[], None] | None,
     from_position: int,
+    plan: list[torch.Tensor | None],
+    chunk_tokens: int | None,
 ) -> dict[str, float]:
     # every forward of a step starts at the same position: old, reference and new log-probs share their zeros
     local_tokens = float(batch.loss_mask.sum())
     local_values = float(batch.value_mask.sum()) if batch.value_mask is not None else 0.0
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
-    result = forward(
-        model,
-        batch.input_ids,
-        batch.attention_mask,
-        entropy_grad=config.entropy_coef > 0,
-        temperature=config.temperature,
-        from_position=from_position,
-    )
-    logprobs = result.logprobs
-    loss, stats = policy_loss(
-        logprobs,
-        logprobs.detach() if old_logprobs is None else old_logprobs,
-        batch.rollout_logprobs,
-        batch.advantages,
-        batch.loss_mask,
-        config,
-        entropy=result.entropy,
-        ref_logprobs=ref_logprobs,
-    )
-    # policy_loss normalised by this rank's tokens; re-normalise to the global token count
-    share = loss * (local_tokens / max(global_tokens, 1.0)) * world_size
-    mask = batch.loss_mask.to(logprobs.dtype)
-    stats["entropy"] = float((result.entropy.detach() * mask).sum() / max(local_tokens, 1.0))
-    if ref_logprobs is not None:
-        kl = torch.exp(ref_logprobs - logprobs.detach()) - 1 - (ref_logprobs - logprobs.detach())
-        stats["kl_ref"] = float((kl * mask).sum() / max(local_tokens, 1.0))
-    if result.values is not None and batch.returns is not None and value_coef:
-        vmask = batch.value_mask.to(result.values.dtype)
-        squared = ((result.values - batch.returns) ** 2 * vmask).sum()
-        share = share + value_coef * 0.5 * squared / max(global_values, 1.0) * world_size
-        stats["value_loss"] = float(squared.detach() / max(local_values, 1.0))
-    optimizer.zero_grad(set_to_none=True)
+    # the rank's loss is its token share of the global loss; each micro-batch adds its part of the rank's
+    scale = local_tokens / max(global_tokens, 1.0) * world_size
+    totals = None
+    if old_logprobs is not None or config.off_policy != "mis":
+        totals = denominators(
+            batch.loss_mask,
+            batch.rollout_logprobs if old_logprobs is None else old_logprobs,
+            batch.rollout_logprobs,
+            config,
+        )
+    sums = dict.fromkeys(("share", *STAT_KEYS), 0.0)
+    for i, index in enumerate(plan):
+        micro = batch.rows(index) if index is not None else _idle(batch)
+        micro = micro.columns(used_width(micro.attention_mask))
+        width = micro.input_ids.shape[1]
+        old = None if old_logprobs is None or index is None else old_logprobs[index, :width]
+        ref = None if ref_logprobs is None or index is None else ref_logprobs[index, :width]
+        result = forward(
+            model,
+            micro.input_ids,
+            micro.attention_mask,
+            entropy_grad=config.entropy_coef > 0,
+            temperature=config.temperature,
+            from_position=from_position if index is not None else 1,
+            chunk_tokens=chunk_tokens,
+        )
+        logprobs = result.logprobs
+        if index is None:
+            ref = None  # an idle micro-batch: its loss is 0, only its backward matters
+        old = logprobs.detach() if old is None else old
+        # without old log-probs there is one micro-batch (train_step), so its own are the whole's
+        micro_totals = totals or denominators(micro.loss_mask, old, micro.rollout_logprobs, config)
+        loss, stats = policy_loss(
+            logprobs,
+            old,
+            micro.rollout_logprobs,
+            micro.advantages,
+            micro.loss_mask,
+            config,
+            entropy=result.entropy,
+            ref_logprobs=ref,
+            totals=micro_totals,
+        )
+        share = loss * scale
+        mask = micro.loss_mask.to(logprobs.dtype)
+        stats["entropy"] = float((result.entropy.detach() * mask).sum() / max(local_tokens, 1.0))
+        if ref is not None:
+            kl = torch.exp(ref - logprobs.detach()) - 1 - (ref - logprobs.detach())
+            stats["kl_ref"] = float((kl * mask).sum() / max(local_tokens, 1.0))
+        if result.values is not None and micro.returns is not None and value_coef:
+            vmask = micro.value_mask.to(result.values.dtype)
+            squared = ((result.values - micro.returns) ** 2 * vmask).sum()
+            share = share + value_coef * 0.5 * squared / max(global_values, 1.0) * world_size
+            stats["value_loss"] = float(squared.detach() / max(local_values, 1.0))
+        if i == 0:
+            # after the first forward: the gradients of the last update lived until here, not through it
+            optimizer.zero_grad(set_to_none=True)
+        sums["share"] += float(share.detach())
+        for key in STAT_KEYS:
+            sums[key] += stats.get(key, 0.0)
+        share.backward()
     # diagnostics are token-weighted sums over ranks; the caller divides by the tokens
-    keys = [k for k in STAT_KEYS if k in stats]
-    sums = all_reduce_sums(
-        [float(share.detach()) / world_size * global_tokens, *(stats[k] * local_tokens for k in keys)]
+    reduced = all_reduce_sums(
+        [sums["share"] / world_size * global_tokens, *(sums[k] * local_tokens for k in STAT_KEYS)]
     )
     report = {
-        "loss": sums[0] / max(global_tokens, 1.0),
-        **{k: s / max(global_tokens, 1.0) for k, s in zip(keys, sums[1:], strict=True)},
+        "loss": reduced[0] / max(global_tokens, 1.0),
+        **{k: s / max(global_tokens, 1.0) for k, s in zip(STAT_KEYS, reduced[1:], strict=True)},
         "tokens": global_tokens,
         "skipped": 0.0,
     }
     if not math.isfinite(report["loss"]):
+        optimizer.zero_grad(set_to_none=True)
         report.update(skipped=1.0, grad_norm=float("nan"))
         return report
-    share.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     report["grad_norm"] = norm

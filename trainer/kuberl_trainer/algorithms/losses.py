@@ -28,13 +28,50 @@ class LossConfig:
     or every token's importance weight would carry the gap between the two (spec.rollout.temperature)."""
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: LossAggregation | str) -> torch.Tensor:
-    """token-mean: over every masked token of the batch; seq-mean: per trajectory first, then over them."""
+@dataclass(frozen=True)
+class Denominators:
+    """What the loss and its diagnostics divide by, counted over a whole batch: the loss of any part of its rows
+    (a micro-batch) divided by them is that part's share of the whole batch's loss, so the parts add up."""
+
+    loss: float
+    """token-mean: the batch's loss tokens; seq-mean: its trajectories with a loss token."""
+    tokens: float
+    """The batch's loss tokens (the diagnostics are token means)."""
+
+
+def denominators(
+    mask: torch.Tensor, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, config: LossConfig
+) -> Denominators:
+    """The denominators of a batch whose loss `mask`, old and rollout log-probs are these (all [B, T])."""
+    m = kept_mask(mask.bool(), old_logprobs, rollout_logprobs, config).to(old_logprobs.dtype)
+    tokens = max(float(m.sum()), 1.0)
+    if config.aggregation == "token-mean":
+        return Denominators(tokens, tokens)
+    return Denominators(max(float((m.sum(dim=1) > 0).sum()), 1.0), tokens)
+
+
+def kept_mask(
+    mask: torch.Tensor, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, config: LossConfig
+) -> torch.Tensor:
+    """The loss mask less, with masked importance sampling (mis), the tokens whose weight is off the cap."""
+    if config.off_policy != "mis":
+        return mask
+    weight = torch.exp(old_logprobs - rollout_logprobs).detach()
+    return mask & (weight <= config.cap) & (weight >= 1 / config.cap)
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, how: LossAggregation | str, denominator: float | None = None
+) -> torch.Tensor:
+    """token-mean: over every masked token of the batch; seq-mean: per trajectory first, then over them. With
+    `denominator` (`Denominators.loss` of a batch these rows are part of) the sum this part adds to its mean."""
     m = mask.to(per_token.dtype)
     if how == "token-mean":
-        return (per_token * m).sum() / m.sum().clamp(min=1)
+        return (per_token * m).sum() / (m.sum().clamp(min=1) if denominator is None else denominator)
     if how == "seq-mean":
         per_seq = (per_token * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
+        if denominator is not None:
+            return per_seq.sum() / denominator
         return per_seq[m.sum(dim=1) > 0].mean() if (m.sum(dim=1) > 0).any() else per_token.sum() * 0
     raise ValueError(f"unknown loss aggregation {how!r}: token-mean or seq-mean")
 
@@ -54,8 +91,10 @@ def policy_loss(
     config: LossConfig,
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    totals: Denominators | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss to minimise and its diagnostics. All tensors [B, T]; `mask` marks generated tokens."""
+    """The loss to minimise and its diagnostics. All tensors [B, T]; `mask` marks generated tokens. With
+    `totals` (of a batch these rows are part of) loss and diagnostics are this part's shares of the batch's."""
     mask = mask.bool()
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
@@ -75,14 +114,13 @@ def policy_loss(
         per_token = per_token + config.kl_coef * k3(logprobs, ref_logprobs)
     if entropy is not None and config.entropy_coef:
         per_token = per_token - config.entropy_coef * entropy
-    loss = aggregate(per_token, mask, config.aggregation)
+    loss = aggregate(per_token, mask, config.aggregation, None if totals is None else totals.loss)
     with torch.no_grad():
         m = mask.to(logprobs.dtype)
-        count = m.sum().clamp(min=1)
+        count = m.sum().clamp(min=1) if totals is None else totals.tokens
         stats = {
             "mismatch_kl": float((k3(old_logprobs, rollout_logprobs) * m).sum() / count),
             "clip_fraction": float(((ratio != clipped).to(m.dtype) * m).sum() / count),
-            "masked_fraction": float(1 - m.sum() / mask.numel()) if config.off_policy == "mis" else 0.0,
             "is_weight_mean": float((weight * m).sum() / count),
         }
     return loss, stats
