@@ -1,0 +1,75 @@
+"""KubeRL's real images for tests: `built_image("operator")` builds the image once (images/build.py) when the
+local container storage lacks it and returns its reference; `image_rootfs` unpacks one's root filesystem."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TIERS = ("operator", "sandbox", "learner", "rollout")
+# the storage the builder writes (buildah/podman/skopeo share /var/lib/containers/storage)
+STORAGE = ["--storage-driver", "vfs"]
+TOOLS = ("buildah", "podman", "skopeo", "debootstrap", "runc")
+
+_lock = threading.Lock()
+_checked: set[str] = set()
+
+
+def missing_tools() -> list[str]:
+    """The image tools this machine lacks (install them: apt-get install buildah podman skopeo debootstrap runc)."""
+    return [tool for tool in TOOLS if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists()]
+
+
+def image_reference(tier: str) -> str:
+    """The local reference of a tier's image, e.g. ghcr.io/kuberl/operator:0.1.0 (what the chart defaults to)."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown image tier {tier!r}; one of {', '.join(TIERS)}")
+    out = subprocess.run(
+        [sys.executable, str(REPO / "images/build.py"), "--print-reference", tier],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+def image_exists(reference: str) -> bool:
+    """Whether the local container storage holds `reference`."""
+    result = subprocess.run(["podman", *STORAGE, "image", "exists", reference], capture_output=True)
+    return result.returncode == 0
+
+
+def built_image(tier: str) -> str:
+    """The local reference of `tier`'s image, built first (once per process) when the storage lacks it or it
+    was built from an older checkout (the builder decides; a current image is reused in seconds)."""
+    with _lock:
+        reference = image_reference(tier)
+        if tier not in _checked:
+            if missing := missing_tools():
+                raise RuntimeError(f"cannot build images: missing {', '.join(missing)} (apt-get install them)")
+            subprocess.run([sys.executable, str(REPO / "images/build.py"), "--tiers", tier], check=True)
+            _checked.add(tier)
+        if not image_exists(reference):
+            raise RuntimeError(f"images/build.py --tiers {tier} ran but {reference} is not in the local storage")
+        return reference
+
+
+def image_rootfs(tier: str, dest: Path) -> Path:
+    """Unpack `tier`'s image root filesystem into `dest` (created; must not exist) and return it."""
+    reference = built_image(tier)
+    dest.mkdir(parents=True)
+    container = subprocess.run(
+        ["podman", *STORAGE, "create", reference], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    try:
+        export = subprocess.Popen(["podman", *STORAGE, "export", container], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(dest), "--numeric-owner"], stdin=export.stdout, check=True)
+        if export.wait() != 0:
+            raise RuntimeError(f"podman export of {reference} failed")
+    finally:
+        subprocess.run(["podman", *STORAGE, "rm", "-f", container], capture_output=True)
+    return dest
