@@ -56,37 +56,57 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
 @main.command("plan")
 @click.argument("job_file", metavar="JOB.yaml")
-@click.option("--model", "model_path", default=None, help=MODEL_HELP)
+@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
 @click.option("--gpu-memory", default="80Gi", show_default=True, help="Memory of one GPU (a quantity).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_command(job_file: str, model_path: str | None, gpu_memory: str, as_json: bool) -> None:
+@click.option("--check", is_flag=True, help="Exit 1, saying what to change, when a tier does not fit.")
+def plan_command(job_file: str, model_path: str | None, gpu_memory: str, as_json: bool, check: bool) -> None:
     """Estimate the learner's memory peak per device and the rollout tier's KV cache from the job and the
-    model's config.json, and compare them with the resources the job requests (docs/operator.md).
+    model's config.json, and compare them with the resources the job requests (docs/operator.md). An s3://
+    model is read with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (the job Secret's keys) and the job's
+    spec.checkpoint.endpointUrl.
 
-    Exits 2 with one line when the manifest or the model's config.json cannot be read."""
-    from kuberl.planning import GIB, PlanError, gib, plan_memory, quantity_bytes, read_model_shape
+    Exits 2 with one line when the manifest or the model's config.json cannot be read; with --check, 1 when
+    the job does not fit."""
+    from kuberl.planning import PlanError, advice, plan_memory, quantity_bytes, read_model_shape
     from kuberl.validation import ManifestError, load_rljob
 
     try:
         job = load_rljob(job_file)
-        shape = read_model_shape(model_path or job.spec.model.uri)
-        plan = plan_memory(job.spec, shape, int(quantity_bytes(gpu_memory)))
+        shape = read_model_shape(model_path or job.spec.model.uri, endpoint_url=job.spec.checkpoint.endpoint_url)
+        memory = int(quantity_bytes(gpu_memory))
+        plan = plan_memory(job.spec, shape, memory)
     except (ManifestError, PlanError) as err:
         click.echo(str(err), err=True)
         sys.exit(EXIT_INVALID)
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=2))
-        return
+    else:
+        _print_plan(job.name, plan, shape)
+    if check and plan.fits is False:
+        for line in plan.problems():
+            click.echo(f"{job_file}: does not fit: {line}", err=True)
+        for line in advice(job.spec, shape, memory):
+            click.echo(f"  to fit: {line}", err=True)
+        sys.exit(1)
+
+
+def _print_plan(name: str, plan, shape) -> None:
+    """`kuberl plan`'s table."""
+    from kuberl.planning import GIB, gib
+
     learner, rollout = plan.learner, plan.rollout
     verdict = {True: "fits", False: "DOES NOT FIT", None: "unknown (no memory request)"}
 
-    def row(name: str, value: float | None) -> None:
-        click.echo(f"  {name:<44} {gib(value):>14}")
+    def row(label: str, value: float | None) -> None:
+        click.echo(f"  {label:<44} {gib(value):>14}")
 
-    click.echo(f"{job.name}: {plan.parameters / 1e6:.1f}M parameters, {shape.layers} layers, vocab {shape.vocab_size}")
+    click.echo(f"{name}: {plan.parameters / 1e6:.1f}M parameters, {shape.layers} layers, vocab {shape.vocab_size}")
+    budget = f"{learner.token_budget} ({'default' if learner.budget_is_default else 'spec.learner'})"
     click.echo(
-        f"learner ({learner.device}, world size {learner.world_size}, {learner.rows} rows x "
-        f"{learner.context_tokens} tokens per micro-batch)"
+        f"learner ({learner.device}, world size {learner.world_size}, mini-batch {learner.mini_batch_rows} rows of "
+        f"up to {learner.longest_trajectory} tokens per rank, micro-batch budget {budget}: "
+        f"{learner.micro_batch_tokens} tokens, log-probs in chunks of {learner.chunk_tokens})"
     )
     row("weights (float32, sharded)", learner.weights)
     row("gradients", learner.gradients)
@@ -97,7 +117,7 @@ def plan_command(job_file: str, model_path: str | None, gpu_memory: str, as_json
         row("reference model", learner.reference)
     row("activations, no checkpointing", learner.activations_without_checkpointing)
     row("activations, with checkpointing", learner.activations_with_checkpointing)
-    row("logits and log-softmax", learner.logits)
+    row("one chunk's logits and log-softmax", learner.logits)
     if learner.gradient_free_pass:
         row("gradient-free pass (old log-probs, reference)", learner.gradient_free_pass)
     if learner.host:

@@ -8,20 +8,24 @@ What the estimate assumes, following the code that runs (trainer/kuberl_trainer/
   size (learner.replicas). With world size > 1 the root unit (embeddings, lm_head, final norm) and two
   decoder blocks (one computing, one prefetched) are gathered whole in the compute dtype. With
   fsdp.cpuOffload those three states live in host memory instead.
-- One micro-batch holds trajectoriesPerStep / miniBatches / replicas rows (rounded up), every row padded
-  to model.maxContextTokens, and the loss reads from position 1 (worst case: `forward` keeps logits from the
-  first position any row's loss reads, which the plan cannot know). Rows are right-padded, so attention
-  takes the fused causal kernel: no [T, T] score matrix is kept.
+- A mini-batch of a rank is ceil(trajectoriesPerStep / replicas) / miniBatches rows, trained in micro-batches
+  packed by learner.microBatchTokens (`resolve_micro_batch_tokens`): a micro-batch holds at most
+  max(budget, longest trajectory) padded tokens, and no more than the mini-batch's rows x the longest
+  trajectory (environment.maxTokensPerTrajectory). Rows are right-padded, so attention takes the fused causal
+  kernel: no [T, T] score matrix is kept.
 - Saved activations of a Llama block per token (elements): two RMSNorms 2 x 2H, attention 3 x (query width)
   + 2 x (key/value width) (rotated q, k, v, the attention output and its contiguous copy for o_proj), MLP
   4 x intermediate (gate, its SiLU, up, their product), plus 2H for the final norm. With activation
-  checkpointing each block keeps only its input (H) and one block is recomputed at a time in the backward,
-  after the logits' copies are freed: the peak holds the larger of the two, not both.
-- The logits dominate small models: [rows, T, vocab] logits and their float32 log-softmax, plus, during the
-  entropy, exp(log p) and p log p: four float32 copies on CPU (bfloat16 logits and a float32 copy with
-  mixed precision on GPU); one more is kept when entropyCoef > 0.
-- With miniBatches > 1 (old log-probs) or klCoef > 0 (the reference model, float32, sharded like the
-  policy, kept for the whole job) a gradient-free forward runs over all of the rank's rows first.
+  checkpointing each block keeps only its input (H) and one block is recomputed at a time in the backward.
+- Log-probs are computed a chunk of `logits_chunk_tokens` tokens at a time, each chunk checkpointed: one
+  chunk's logits live at a time, with their float32 log-softmax and, during the entropy and the backward,
+  two more float32 copies (four on CPU; bfloat16 logits and four float32 copies with mixed precision on
+  GPU); one more when entropyCoef > 0. In the backward the chunk and the recomputed block do not overlap:
+  the peak holds the larger.
+- Gradient-free passes (old log-probs with miniBatches > 1 or masked importance sampling, the reference
+  policy with klCoef > 0, PPO's values) keep no activations: one micro-batch's final hidden states, one
+  block's temporaries and one chunk's logits. The reference model (float32, sharded like the policy) stays
+  for the whole job.
 - Compute dtype: float32 on CPU; bfloat16 on GPU when fsdp.mixedPrecision. A learner pod uses one GPU.
 - The rollout engine holds the weights (model.dtype; auto is bfloat16 on GPU, float32 on CPU) and a KV
   cache of 2 x layers x kv heads x head dim x dtype bytes per token for min(concurrentSessions,
@@ -44,6 +48,11 @@ from kuberl.api.types import quantity_value
 
 GIB = 1024**3
 DEFAULT_GPU_MEMORY = 80 * GIB
+LOGITS_CHUNK_BYTES = 256 * 2**20
+"""One float32 copy of a log-prob chunk's logits takes at most this (a chunk is at least one row's position)."""
+MICRO_BATCH_MEMORY_FRACTION = 0.9
+"""The default micro-batch budget fills at most this fraction of a learner device's memory (the rest: the
+allocator's fragmentation and what the plan does not count)."""
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
@@ -106,10 +115,15 @@ def model_shape_from_config(config: dict, source: str = "config.json") -> ModelS
         raise PlanError(f"{source}: {err}") from None
 
 
-def read_model_shape(uri: str) -> ModelShape:
-    """The shape from `uri`/config.json when `uri` is a local folder (or file://); PlanError otherwise."""
+def read_model_shape(uri: str, remote: bool = True, endpoint_url: str | None = None) -> ModelShape:
+    """The shape from `uri`/config.json: a local folder, file://, or (with `remote`) an s3:// prefix read with
+    the environment's S3 credentials and `endpoint_url` (else AWS_ENDPOINT_URL); PlanError otherwise."""
+    if uri.startswith("s3://"):
+        if not remote:
+            raise PlanError(f"{uri}/config.json: not read (remote)")
+        return model_shape_from_config(_read_s3_config(uri, endpoint_url), f"{uri.rstrip('/')}/config.json")
     if "://" in uri and not uri.startswith("file://"):
-        raise PlanError(f"{uri}/config.json: the plan reads a local model folder; pass --model FOLDER")
+        raise PlanError(f"{uri}/config.json: the plan reads a local folder, file:// or s3://; pass --model FOLDER")
     folder = Path(unquote(urlparse(uri).path)) if uri.startswith("file://") else Path(uri)
     path = folder / "config.json"
     try:
@@ -121,6 +135,31 @@ def read_model_shape(uri: str) -> ModelShape:
     if not isinstance(config, dict):
         raise PlanError(f"{path}: expected a JSON object")
     return model_shape_from_config(config, str(path))
+
+
+def _read_s3_config(uri: str, endpoint_url: str | None) -> dict:
+    """config.json under an s3:// prefix, with the credentials the job's pods get from its Secret
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY in this environment)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    parsed = urlparse(uri)
+    key = f"{parsed.path.strip('/')}/config.json".lstrip("/")
+    source = f"s3://{parsed.netloc}/{key}"
+    try:
+        body = boto3.client("s3", endpoint_url=endpoint_url).get_object(Bucket=parsed.netloc, Key=key)["Body"].read()
+    except (BotoCoreError, ClientError) as err:
+        raise PlanError(
+            f"{source}: cannot read it ({err}); export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the keys of "
+            f"spec.checkpoint.credentialsSecret), or pass --model FOLDER"
+        ) from None
+    try:
+        config = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PlanError(f"{source}: not JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise PlanError(f"{source}: expected a JSON object")
+    return config
 
 
 def quantity_bytes(quantity: int | str) -> float:
@@ -136,7 +175,8 @@ def _gpus(resources: ResourceRequirements) -> int:
     return int(quantity_bytes(value))
 
 
-def _pod_memory(resources: ResourceRequirements) -> int | None:
+def pod_memory(resources: ResourceRequirements) -> int | None:
+    """A pod's memory limit, else its request, in bytes; None when it has neither."""
     value = resources.limits.get("memory", resources.requests.get("memory"))
     return None if value is None else int(quantity_bytes(value))
 
@@ -147,24 +187,32 @@ class LearnerPlan:
 
     device: str
     world_size: int
-    rows: int
-    """Rows of one micro-batch on one rank."""
-    context_tokens: int
+    mini_batch_rows: int
+    """Rows of one mini-batch on one rank."""
+    longest_trajectory: int
+    token_budget: int
+    """learner.microBatchTokens, or the default derived from the model and the device."""
+    budget_is_default: bool
+    micro_batch_tokens: int
+    """Padded tokens of the largest micro-batch: min(max(budget, longest), mini-batch rows x longest)."""
+    chunk_tokens: int
+    """Tokens whose logits exist at once (a log-prob chunk)."""
     activation_checkpointing: bool
     weights: int
     gradients: int
     optimizer: int
     gathered: int
-    """Parameters FSDP gathers whole for the units being computed (world size > 1)."""
+    """Parameters and gradients FSDP gathers whole for the units being computed (world size > 1)."""
     reference: int
     activations: int
     """Saved activations of the micro-batch with the job's activationCheckpointing setting."""
     activations_without_checkpointing: int
     activations_with_checkpointing: int
     logits: int
-    """The [rows, T, vocab] logits and log-softmax copies at their peak."""
+    """One chunk's logits, log-softmax and gradient copies at their peak."""
     gradient_free_pass: int
-    """Logits of the gradient-free forward over all of the rank's rows (old log-probs, reference)."""
+    """A micro-batch's forward without gradient (old log-probs, reference, values): hidden states, one block's
+    temporaries and one chunk's logits; 0 when the job runs none."""
     peak: int
     host: int
     """States offloaded to host memory (fsdp.cpuOffload on GPU)."""
@@ -214,8 +262,8 @@ class MemoryPlan:
         out = []
         if self.learner.fits is False:
             out.append(
-                f"learner needs {gib(self.learner.peak)} per {self.learner.device} at "
-                f"{self.learner.context_tokens} tokens x {self.learner.rows} rows, has {gib(self.learner.budget)}"
+                f"learner needs {gib(self.learner.peak)} per {self.learner.device} with micro-batches of "
+                f"{self.learner.micro_batch_tokens} tokens, has {gib(self.learner.budget)}"
             )
         if self.rollout.fits is False:
             out.append(
@@ -237,73 +285,156 @@ def gib(value: float | None) -> str:
     return "unknown" if value is None else f"{value / GIB:.2f} GiB"
 
 
-def activation_bytes(shape: ModelShape, rows: int, tokens: int, element_bytes: int, checkpointing: bool) -> int:
-    """Saved activations of one forward over [rows, tokens] (see the module docstring)."""
+def activation_bytes(shape: ModelShape, tokens: int, element_bytes: int, checkpointing: bool) -> int:
+    """Saved activations of one forward over `tokens` (rows x padded width; see the module docstring)."""
     block = shape.block_activation_elements()
     # with checkpointing: every block's input, and one block recomputed at a time in the backward
     per_token = shape.layers * shape.hidden_size + block if checkpointing else shape.layers * block
-    return rows * tokens * (per_token + 2 * shape.hidden_size) * element_bytes
+    return tokens * (per_token + 2 * shape.hidden_size) * element_bytes
 
 
-def logits_bytes(shape: ModelShape, rows: int, tokens: int, gpu_mixed: bool, entropy_grad: bool) -> int:
-    """The logits, their log-softmax and the entropy's temporaries at their peak."""
+def logits_bytes(shape: ModelShape, tokens: int, gpu_mixed: bool, entropy_grad: bool) -> int:
+    """The logits of `tokens` positions, their log-softmax and the entropy's and backward's copies at their peak."""
     per_element = (2 + 4 + 4 + 4 + 4) if gpu_mixed else 4 * 4
     if entropy_grad:
         per_element += 4
-    return rows * tokens * shape.vocab_size * per_element
+    return tokens * shape.vocab_size * per_element
+
+
+def logits_chunk_tokens(vocab_size: int) -> int:
+    """Tokens (rows x positions) of one log-prob chunk: one float32 copy of its logits in LOGITS_CHUNK_BYTES."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
+
+
+def longest_trajectory(spec: RLJobSpec) -> int:
+    return min(spec.environment.max_tokens_per_trajectory, spec.model.max_context_tokens)
+
+
+def _chunk(shape: ModelShape, micro_tokens: int, longest: int) -> int:
+    """Tokens of one chunk for a micro-batch of `micro_tokens` in rows of `longest` (`token_scores`)."""
+    rows = max(1, micro_tokens // longest)
+    return min(micro_tokens, rows * max(1, logits_chunk_tokens(shape.vocab_size) // rows))
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """The step's bytes as resident states plus what a micro-batch of a given size adds."""
+
+    spec: RLJobSpec
+    shape: ModelShape
+    gpu: bool
+
+    @property
+    def gpu_mixed(self) -> bool:
+        return self.gpu and self.spec.learner.fsdp.mixed_precision
+
+    @property
+    def compute_bytes(self) -> int:
+        return 2 if self.gpu_mixed else 4
+
+    def states(self) -> tuple[int, int, int, int, int]:
+        """weights, gradients, optimizer, reference (sharded) and FSDP's gathered units (world size > 1)."""
+        world, params = self.spec.learner.replicas, self.shape.parameters
+        weights, gradients, optimizer = (math.ceil(params * b / world) for b in (4, 4, 8))
+        reference = math.ceil(params * 4 / world) if self.spec.algorithm.kl_coef > 0 else 0
+        gathered = 0
+        if world > 1:
+            # the root unit and two blocks (one computing, one prefetched), their gradients until reduced
+            root, block = self.shape.root_parameters, self.shape.block_parameters
+            gathered = (2 * root + 3 * block) * self.compute_bytes
+        return weights, gradients, optimizer, reference, gathered
+
+    def resident(self) -> int:
+        weights, gradients, optimizer, reference, gathered = self.states()
+        offloaded = self.gpu and self.spec.learner.fsdp.cpu_offload
+        return gathered + (0 if offloaded else weights + gradients + optimizer + reference)
+
+    def training(self, tokens: int, chunk: int) -> int:
+        """A micro-batch's forward and backward: saved activations, then the larger of the chunk and the block
+        recomputed in the backward (they do not overlap)."""
+        checkpointing, cb = self.spec.learner.fsdp.activation_checkpointing, self.compute_bytes
+        saved = activation_bytes(self.shape, tokens, cb, checkpointing)
+        logits = logits_bytes(self.shape, chunk, self.gpu_mixed, self.spec.algorithm.entropy_coef > 0)
+        if not checkpointing:
+            return saved + logits
+        recomputed = tokens * self.shape.block_activation_elements() * cb
+        return saved - recomputed + max(recomputed, logits)
+
+    def gradient_free(self, tokens: int, chunk: int) -> int:
+        spec = self.spec
+        if not (spec.training.mini_batches > 1 or spec.algorithm.kl_coef > 0 or _mis(spec) or _ppo(spec)):
+            return 0
+        block = self.shape.block_activation_elements() + 2 * self.shape.hidden_size
+        return tokens * block * self.compute_bytes + logits_bytes(self.shape, chunk, self.gpu_mixed, False)
+
+    def step(self, tokens: int, chunk: int) -> int:
+        return self.resident() + max(self.training(tokens, chunk), self.gradient_free(tokens, chunk))
+
+
+def _mis(spec: RLJobSpec) -> bool:
+    return spec.algorithm.off_policy_correction.mode == "mis"
+
+
+def _ppo(spec: RLJobSpec) -> bool:
+    return spec.algorithm.name == "ppo"
+
+
+def resolve_micro_batch_tokens(spec: RLJobSpec, shape: ModelShape, gpu: bool, memory: int | None) -> int:
+    """learner.microBatchTokens, else the largest budget (a multiple of 256) whose step fills at most
+    MICRO_BATCH_MEMORY_FRACTION of `memory` (one learner device), never less than the longest trajectory;
+    the longest trajectory when `memory` is unknown."""
+    if spec.learner.micro_batch_tokens is not None:
+        return spec.learner.micro_batch_tokens
+    longest = longest_trajectory(spec)
+    if memory is None:
+        return longest
+    costs = _Costs(spec, shape, gpu)
+    # the step grows by at most this per token (saved activations plus a recomputed block); the chunk is fixed
+    per_token = max(costs.training(longest, 0), costs.gradient_free(longest, 0)) / longest
+    chunk = logits_bytes(shape, logits_chunk_tokens(shape.vocab_size), costs.gpu_mixed, True)
+    room = MICRO_BATCH_MEMORY_FRACTION * memory - costs.resident() - chunk
+    tokens = int(room / per_token) // 256 * 256 if per_token > 0 else longest
+    return max(longest, min(tokens, 16_777_216))
 
 
 def plan_learner(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_GPU_MEMORY) -> LearnerPlan:
     learner, fsdp = spec.learner, spec.learner.fsdp
     world = learner.replicas
     gpu = _gpus(learner.resources) > 0
-    gpu_mixed = gpu and fsdp.mixed_precision
-    compute_bytes = 2 if gpu_mixed else 4
-    tokens = spec.model.max_context_tokens
-    rank_rows = math.ceil(spec.training.trajectories_per_step / world)
-    rows = math.ceil(rank_rows / spec.training.mini_batches)
-    params = shape.parameters
-    weights, gradients, optimizer = (math.ceil(params * b / world) for b in (4, 4, 8))
-    gathered = 0
-    if world > 1:
-        gathered = (shape.root_parameters + 2 * shape.block_parameters) * compute_bytes
-    reference = math.ceil(params * 4 / world) if spec.algorithm.kl_coef > 0 else 0
-    without = activation_bytes(shape, rows, tokens, compute_bytes, checkpointing=False)
-    with_ = activation_bytes(shape, rows, tokens, compute_bytes, checkpointing=True)
-    activations = with_ if fsdp.activation_checkpointing else without
-    logits = logits_bytes(shape, rows, tokens, gpu_mixed, spec.algorithm.entropy_coef > 0)
-    step = activations + logits
-    if fsdp.activation_checkpointing:
-        # the logits' copies are freed before the backward reaches the last block and recomputes it
-        recomputed = rows * tokens * shape.block_activation_elements() * compute_bytes
-        step = activations - recomputed + max(recomputed, logits)
-    free_pass = 0
-    if spec.training.mini_batches > 1 or spec.algorithm.kl_coef > 0:
-        free_pass = logits_bytes(shape, rank_rows, tokens, gpu_mixed, entropy_grad=False)
-        free_pass += rank_rows * tokens * shape.block_activation_elements() * compute_bytes
+    budget = gpu_memory if gpu else pod_memory(learner.resources)
+    costs = _Costs(spec, shape, gpu)
+    cb = costs.compute_bytes
+    longest = longest_trajectory(spec)
+    mini_rows = math.ceil(math.ceil(spec.training.trajectories_per_step / world) / spec.training.mini_batches)
+    token_budget = resolve_micro_batch_tokens(spec, shape, gpu, budget)
+    tokens = min(max(token_budget, longest), mini_rows * longest)
+    chunk = _chunk(shape, tokens, longest)
+    weights, gradients, optimizer, reference, gathered = costs.states()
+    without = activation_bytes(shape, tokens, cb, checkpointing=False)
+    with_ = activation_bytes(shape, tokens, cb, checkpointing=True)
     offloaded = gpu and fsdp.cpu_offload
-    states = weights + gradients + optimizer + reference
-    resident = gathered + (0 if offloaded else states)
-    peak = resident + max(step, free_pass)
-    budget = gpu_memory if gpu else _pod_memory(learner.resources)
     return LearnerPlan(
         device="gpu" if gpu else "cpu",
         world_size=world,
-        rows=rows,
-        context_tokens=tokens,
+        mini_batch_rows=mini_rows,
+        longest_trajectory=longest,
+        token_budget=token_budget,
+        budget_is_default=learner.micro_batch_tokens is None,
+        micro_batch_tokens=tokens,
+        chunk_tokens=chunk,
         activation_checkpointing=fsdp.activation_checkpointing,
         weights=weights,
         gradients=gradients,
         optimizer=optimizer,
         gathered=gathered,
         reference=reference,
-        activations=activations,
+        activations=with_ if fsdp.activation_checkpointing else without,
         activations_without_checkpointing=without,
         activations_with_checkpointing=with_,
-        logits=logits,
-        gradient_free_pass=free_pass,
-        peak=peak,
-        host=states if offloaded else 0,
+        logits=logits_bytes(shape, chunk, costs.gpu_mixed, spec.algorithm.entropy_coef > 0),
+        gradient_free_pass=costs.gradient_free(tokens, chunk),
+        peak=costs.step(tokens, chunk),
+        host=weights + gradients + optimizer + reference if offloaded else 0,
         budget=budget,
     )
 
@@ -321,7 +452,7 @@ def plan_rollout(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_G
     if gpu:
         budget: int | None = int(gpu_memory * engine.tensor_parallel_size * engine.gpu_memory_utilization)
     else:
-        budget = _pod_memory(rollout.resources)
+        budget = pod_memory(rollout.resources)
     return RolloutPlan(
         device="gpu" if gpu else "cpu",
         sequences=sequences,
@@ -339,9 +470,68 @@ def plan_memory(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_GP
     return MemoryPlan(shape.parameters, plan_learner(spec, shape, gpu_memory), plan_rollout(spec, shape, gpu_memory))
 
 
+def advice(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_GPU_MEMORY) -> list[str]:
+    """What to change so a tier that does not fit does: one line per remedy that works on its own."""
+    plan = plan_memory(spec, shape, gpu_memory)
+    out: list[str] = []
+    if plan.learner.fits is False:
+        out += _learner_advice(spec, shape, gpu_memory, plan.learner)
+    if plan.rollout.fits is False:
+        out += _rollout_advice(spec, shape, gpu_memory, plan.rollout)
+    return out
+
+
+def _with(spec: RLJobSpec, section: str, **values) -> RLJobSpec:
+    return spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
+
+
+def _learner_advice(spec: RLJobSpec, shape: ModelShape, gpu_memory: int, learner: LearnerPlan) -> list[str]:
+    out = []
+    longest = learner.longest_trajectory
+    smallest = plan_learner(_with(spec, "learner", micro_batch_tokens=max(256, longest)), shape, gpu_memory)
+    if learner.micro_batch_tokens > longest and smallest.fits:
+        best = resolve_micro_batch_tokens(
+            _with(spec, "learner", micro_batch_tokens=None), shape, learner.device == "gpu", learner.budget
+        )
+        out.append(f"set spec.learner.microBatchTokens to {best} or fewer (the longest trajectory, {longest}, fits)")
+    for replicas in (2**k for k in range(1, 13)):
+        if replicas > spec.learner.replicas:
+            wider = _with(spec, "learner", replicas=replicas)
+            if plan_learner(wider, shape, gpu_memory).fits:
+                out.append(f"run more learner replicas (GPUs): {replicas} shard the states enough")
+                break
+    if not spec.learner.fsdp.activation_checkpointing:
+        fsdp = spec.learner.fsdp.model_copy(update={"activation_checkpointing": True})
+        if plan_learner(_with(spec, "learner", fsdp=fsdp), shape, gpu_memory).fits:
+            out.append("set spec.learner.fsdp.activationCheckpointing: true")
+    if learner.device == "gpu" and not spec.learner.fsdp.cpu_offload:
+        fsdp = spec.learner.fsdp.model_copy(update={"cpu_offload": True})
+        if plan_learner(_with(spec, "learner", fsdp=fsdp), shape, gpu_memory).fits:
+            out.append("set spec.learner.fsdp.cpuOffload: true (states in host memory, slower steps)")
+    for tokens in (longest // 2**k for k in range(1, 8)):
+        if tokens >= 256:
+            shorter = _with(spec, "environment", max_tokens_per_trajectory=tokens)
+            if plan_learner(_with(shorter, "learner", micro_batch_tokens=None), shape, gpu_memory).fits:
+                out.append(f"shorten trajectories: environment.maxTokensPerTrajectory {tokens} fits")
+                break
+    if not out:
+        out.append("no single change fits: a larger device, more replicas with checkpointing and offload together")
+    return out
+
+
+def _rollout_advice(spec: RLJobSpec, shape: ModelShape, gpu_memory: int, rollout: RolloutPlan) -> list[str]:
+    room = (rollout.budget or 0) - rollout.weights
+    per_sequence = rollout.kv_bytes_per_token * rollout.tokens_per_sequence
+    sequences = int(room // per_sequence) if per_sequence else 0
+    if sequences >= 1:
+        return [f"lower spec.rollout.engine.maxNumSeqs (or concurrentSessions) to {sequences}"]
+    return ["the rollout engine's weights or one sequence do not fit: raise engine.tensorParallelSize"]
+
+
 def fit_warnings(spec: RLJobSpec, gpu_memory: int = DEFAULT_GPU_MEMORY) -> list[str]:
-    """What does not fit, when the model's config.json can be read locally; nothing when it cannot."""
+    """What does not fit, when the model's config.json can be read locally; nothing when it cannot (the
+    plan, not validation, reads remote models)."""
     try:
-        return plan_memory(spec, read_model_shape(spec.model.uri), gpu_memory).problems()
+        return plan_memory(spec, read_model_shape(spec.model.uri, remote=False), gpu_memory).problems()
     except PlanError:
         return []

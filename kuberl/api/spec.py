@@ -426,6 +426,13 @@ class LearnerSpec(ApiModel):
     """Resources of one learner pod."""
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
     """FSDP2 options."""
+    micro_batch_tokens: int | None = Field(None, ge=256, le=16_777_216)
+    """Token budget of one micro-batch (one forward and backward; gradients accumulate over a mini-batch's
+    micro-batches): rows are packed longest first while rows x the longest row's tokens stays within it, and a
+    trajectory longer than the budget gets a micro-batch of its own. Unset: the largest budget whose memory
+    plan fills at most 90 % of a learner device's memory (a GPU's own memory; on CPU the pod's memory limit,
+    else its request), never less than one trajectory of environment.maxTokensPerTrajectory (`kuberl plan`
+    prints it)."""
 
 
 class EngineSpec(ApiModel):

@@ -41,7 +41,7 @@ from kuberl_trainer.cluster_status import ClusterStatus
 from kuberl_trainer.distributed import all_reduce_sums, broadcast_object, init_distributed
 from kuberl_trainer.export import export_policy, policy_buckets
 from kuberl_trainer.learner_metrics import PHASES, LearnerMetrics, StatusFile
-from kuberl_trainer.policy import load_policy
+from kuberl_trainer.policy import load_policy, micro_batch_tokens
 from kuberl_trainer.publisher import WeightPublisher
 from kuberl_trainer.rollout_client import RolloutClient
 from kuberl_trainer.rollout_feed import Batch, FeedState, RolloutFeed
@@ -116,6 +116,7 @@ def run_learner(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
     )
+    micro_tokens = micro_batch_tokens(spec, model_path, device)
     store = CheckpointStore(checkpoint_uri(job, run_dir), spec.checkpoint.endpoint_url)
     checkpointer = Checkpointer(store, run_dir / "staging", keep=spec.checkpoint.keep, rank=rank)
     state = checkpointer.restore(model, optimizer) or TrainingState(step=0, policy_version=0)
@@ -179,7 +180,8 @@ def run_learner(
         part = shard(collated, rank, world, multiple=mini_batches)
         tokens = part.batch
         if ppo:
-            values = predict(model, tokens.to(device), loss_config.temperature).values.cpu()
+            values = predict(model, tokens.to(device), loss_config.temperature, micro_batch_tokens=micro_tokens)
+            values = values.values.cpu()
             tokens = with_gae(part, values, spec.algorithm)
         report = train_step(
             model,
@@ -192,6 +194,7 @@ def run_learner(
             reference,
             spec.algorithm.value_coef,
             before_update=checkpointer.ready_for_update,
+            micro_batch_tokens=micro_tokens,
         )
         trained = time.monotonic() - trained
         state.step += 1

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from kuberl.api.spec import FsdpSpec
+from kuberl.api.spec import FsdpSpec, RLJobSpec
+from kuberl.planning import pod_memory, read_model_shape, resolve_micro_batch_tokens
 from kuberl.storage import check_model_folder
+from kuberl_trainer.token_scores import enable_fsdp_scoring
 from kuberl_trainer.value_head import VALUE_HEAD, attach_value_head
 
 
@@ -46,7 +48,17 @@ def load_policy(
         # its own FSDP unit: it is called after the trunk's forward, outside the root's forward
         fully_shard(getattr(model, VALUE_HEAD), **options)
     fully_shard(model, **options)
+    enable_fsdp_scoring(model)
     return model
+
+
+def micro_batch_tokens(spec: RLJobSpec, model_path: str, device: torch.device) -> int:
+    """The learner's micro-batch token budget: spec.learner.microBatchTokens, else the plan's default for this
+    device (a GPU's own memory; on CPU the pod's memory from the spec), as `kuberl plan` prints it."""
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    if memory is None:
+        memory = pod_memory(spec.learner.resources)
+    return resolve_micro_batch_tokens(spec, read_model_shape(model_path), device.type == "cuda", memory)
 
 
 def _decoder_blocks(model) -> list[torch.nn.Module]:
