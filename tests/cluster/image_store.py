@@ -1,6 +1,7 @@
 """Images in local containers storage (buildah, vfs driver) for the node agent: an image's configuration
 (Env, Entrypoint, Cmd, User, WorkingDir) as the image records it, and its root filesystem, prepared once
-per image id and kept as a buildah working container named `kuberl-rootfs-<id>` (later runs find it there).
+per image id and kept as a buildah working container named `kuberl-rootfs-<id>` (later runs find it there;
+those of images no name points at any more are removed).
 Containers never write to it: container_init.py lays a fresh writable layer over it (overlayfs).
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from cluster.images import BASE_PATH, Image
 
 STORAGE = ("--storage-driver", "vfs")
+PREFIX = "kuberl-rootfs-"  # the working containers that hold prepared root filesystems
 LOCK_FILE = Path("/var/tmp/kuberl-rootfs.lock")
 _lock = threading.Lock()
 
@@ -56,14 +58,25 @@ def _exclusive() -> Iterator[None]:
 
 def rootfs(reference: str, image_id: str) -> Path:
     """The image's root filesystem, made (a vfs copy of its layers) on first use of this image id."""
-    name = f"kuberl-rootfs-{image_id[:16]}"
+    name = f"{PREFIX}{image_id[:16]}"
     with _exclusive():
         try:
             path = buildah("mount", name).strip()
         except ImageStoreError:
+            prune()
             buildah("from", "--pull=never", "--name", name, reference)
             path = buildah("mount", name).strip()
     return Path(path)
+
+
+def prune() -> None:
+    """Remove the root filesystems of images no name points at any more (rebuilt under the same tag):
+    each is a full copy of its image."""
+    # `images --json` gives short ids, `containers --json` full ones
+    named = {image["id"][:12] for image in json.loads(buildah("images", "--json") or "[]") if image.get("names")}
+    for container in json.loads(buildah("containers", "--json") or "[]"):
+        if container["containername"].startswith(PREFIX) and container["imageid"][:12] not in named:
+            buildah("rm", container["id"])
 
 
 def _entries(rootfs_dir: Path, table: str) -> list[list[str]]:
@@ -111,3 +124,11 @@ def stored_image(reference: str) -> Image | None:
         rootfs=root,
         workdir=config.get("WorkingDir") or None,
     )
+
+
+def built_or_none(tier: str) -> str | None:
+    """`tier`'s real image (tests/helpers/built_images.py builds it once), or None where this machine lacks
+    the image tools: the checkout then stands in for it."""
+    from helpers.built_images import built_image, missing_tools
+
+    return None if missing_tools() else built_image(tier)

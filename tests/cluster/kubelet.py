@@ -599,8 +599,8 @@ class NodeAgent:
         extra_env: dict[str, str] | None = None,
         local_images: dict[str, str] | None = None,
     ) -> None:
-        """`local_images`: pod image references to run from these images of local containers storage;
-        any other reference runs from local storage when it is there, else from the checkout."""
+        """`local_images`: the pod image references to run from these images of local containers storage,
+        every other one from the checkout; None: any reference local storage holds runs from its image."""
         from cluster.controllers import WorkloadControllers
 
         self.api = Api(api_url)
@@ -614,7 +614,7 @@ class NodeAgent:
         self.host_ports = host_ports
         self.extra_env = extra_env or {}
         self.images = project_images()
-        self.local_images = local_images or {}
+        self.local_images = local_images
         self.resolved: dict[str, Image] = {}  # pod image reference -> what runs it
         self.controllers = WorkloadControllers(self.api)
         self.pods: dict[str, PodRunner] = {}
@@ -695,18 +695,29 @@ class NodeAgent:
         with self.lock:
             if reference in self.resolved:
                 return self.resolved[reference]
-        local = self.local_images.get(reference, reference)
-        with self.image_lock:
-            try:
-                stored = stored_image(local)
-            except (ImageStoreError, ValueError) as err:
-                raise ImageNotFound(f"{local}: {err}") from err
-        if stored is None and reference in self.local_images:
+        mapped = self.local_images is None or reference in self.local_images
+        local = (self.local_images or {}).get(reference, reference)
+        stored = None
+        if mapped:
+            with self.image_lock:
+                try:
+                    stored = stored_image(local)
+                except (ImageStoreError, ValueError) as err:
+                    raise ImageNotFound(f"{local}: {err}") from err
+        if stored is None and self.local_images is not None and mapped:
             raise ImageNotFound(f"{local} (for {reference}) is not in local containers storage")
         image = stored or find_image(reference, self.images)
         with self.lock:
             self.resolved[reference] = image
         return image
+
+    def container_root(self, pod_name: str, index: int = 0) -> Path:
+        """A running container's root filesystem as the node sees it (/proc/PID/root)."""
+        runner = next(r for r in list(self.pods.values()) if r.name == pod_name and not r.deleting.is_set())
+        pid = runner.containers[index].pid1()
+        if pid is None:
+            raise LookupError(f"pod {pod_name}: container {index} is not running")
+        return Path(f"/proc/{pid}/root")
 
     def mount_point(self, target: str) -> None:
         """Create a missing mount point on the node (an image would have it); removed again by close."""
