@@ -1,8 +1,12 @@
 """A node agent for tests: the kubelet's part of a cluster, for the emulated API server
 (tests/helpers/emulator.py). It takes every Pod (binding it to its one node), runs each container's command
-as local processes with the project's virtual environment standing in for the image (tests/cluster/images.py),
-and reports back what a kubelet reports. What it models and what it does not is in docs/operator.md
-("The end-to-end suite"); in short:
+as local processes and reports back what a kubelet reports. A container whose image is in local containers
+storage runs from that image: its root filesystem (tests/cluster/image_store.py) under a fresh writable
+layer, its Env, Entrypoint, Cmd, User and WorkingDir. The tests run the operator and sandbox pods so, from
+the images images/build.py builds; the learner and rollout images carry torch and vLLM (gigabytes, long to
+build on CI), so those pods keep the checkout: the project's virtual environment stands in for the image
+(tests/cluster/images.py). What it models and what it does not is in docs/operator.md ("The end-to-end
+suite"); in short:
 
 - a pod: its own network namespace and IP on the node's bridge (tests/cluster/network.py) and an /etc/hosts
   with the Service, headless pod and `kubernetes.default.svc` names (no cluster DNS, no kube-proxy: a
