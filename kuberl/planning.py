@@ -50,6 +50,7 @@ GIB = 1024**3
 DEFAULT_GPU_MEMORY = 80 * GIB
 LOGITS_CHUNK_BYTES = 256 * 2**20
 """One float32 copy of a log-prob chunk's logits takes at most this (a chunk is at least one row's position)."""
+MAX_MICRO_BATCH_TOKENS = 16_777_216
 MICRO_BATCH_MEMORY_FRACTION = 0.9
 """The default micro-batch budget fills at most this fraction of a learner device's memory (the rest: the
 allocator's fragmentation and what the plan does not count)."""
@@ -389,12 +390,17 @@ def resolve_micro_batch_tokens(spec: RLJobSpec, shape: ModelShape, gpu: bool, me
     if memory is None:
         return longest
     costs = _Costs(spec, shape, gpu)
-    # the step grows by at most this per token (saved activations plus a recomputed block); the chunk is fixed
-    per_token = max(costs.training(longest, 0), costs.gradient_free(longest, 0)) / longest
-    chunk = logits_bytes(shape, logits_chunk_tokens(shape.vocab_size), costs.gpu_mixed, True)
-    room = MICRO_BATCH_MEMORY_FRACTION * memory - costs.resident() - chunk
-    tokens = int(room / per_token) // 256 * 256 if per_token > 0 else longest
-    return max(longest, min(tokens, 16_777_216))
+    room = MICRO_BATCH_MEMORY_FRACTION * memory
+    # the step's peak grows with the micro-batch's tokens: the largest multiple of 256 within the room
+    low, high = 0, MAX_MICRO_BATCH_TOKENS // 256
+    while low < high:
+        middle = (low + high + 1) // 2
+        tokens = middle * 256
+        if costs.step(tokens, _chunk(shape, tokens, longest)) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return max(longest, low * 256)
 
 
 def plan_learner(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_GPU_MEMORY) -> LearnerPlan:

@@ -63,7 +63,9 @@ def test_parameters_of_a_known_config():
 
 def test_learner_bytes_of_a_known_config():
     learner = plan_memory(spec(), SHAPE).learner
-    assert (learner.device, learner.rows, learner.context_tokens) == ("cpu", 8, 256)
+    # the mini-batch (8 rows of 256) is within the default budget: one micro-batch of 2048 tokens, one chunk
+    assert (learner.device, learner.mini_batch_rows, learner.micro_batch_tokens) == ("cpu", 8, 2048)
+    assert learner.budget_is_default and learner.chunk_tokens == 2048
     assert (learner.weights, learner.gradients, learner.optimizer, learner.gathered) == (6816, 6816, 13632, 0)
     # 8 rows x 256 tokens x (2 blocks x 128 + final norm 16) x 4 bytes
     assert learner.activations_without_checkpointing == 8 * 256 * 272 * 4 == 2_228_224
@@ -82,8 +84,9 @@ def test_fsdp_divides_the_states_by_the_world_size_and_gathers_units():
     one = plan_memory(spec(), SHAPE).learner
     two = plan_memory(spec(learner={"replicas": 2}), SHAPE).learner
     assert (two.weights, two.gradients, two.optimizer) == (3408, 3408, 6816)
-    assert two.rows == 4 and two.logits == one.logits // 2  # each rank trains half the rows
-    assert two.gathered == (520 + 2 * 592) * 4  # the root unit and two blocks, whole, in float32 on CPU
+    assert two.mini_batch_rows == 4 and two.logits == one.logits // 2  # each rank trains half the rows
+    # the root unit and two blocks whole, and the root's and a block's gradients until reduced, float32 on CPU
+    assert two.gathered == (2 * 520 + 3 * 592) * 4
 
 
 def test_activation_checkpointing_reduces_activations_and_the_peak():
@@ -102,10 +105,12 @@ def test_mini_batches_and_the_reference_model_add_a_gradient_free_pass():
     plain = plan_memory(spec(), SHAPE).learner
     kl = plan_memory(spec(algorithm={"groupSize": 2, "klCoef": 0.1}), SHAPE).learner
     assert kl.reference == 6816
-    # all 8 rows without gradient: the logits' four copies plus one block's outputs
-    assert kl.gradient_free_pass == 1_048_576 + 8 * 256 * 128 * 4
+    # a micro-batch without gradient: its final hidden states and one block's temporaries, one chunk's logits
+    assert kl.gradient_free_pass == 2048 * (128 + 16) * 4 + 1_048_576
+    assert plain.gradient_free_pass == 0  # no mini-batches, no reference, tis: no gradient-free pass runs
     mini = plan_memory(spec(training={"trajectoriesPerStep": 8, "miniBatches": 2}), SHAPE).learner
-    assert mini.rows == 4 and mini.logits == plain.logits // 2 and mini.gradient_free_pass == kl.gradient_free_pass
+    assert mini.mini_batch_rows == 4 and mini.logits == plain.logits // 2
+    assert mini.gradient_free_pass == 1024 * (128 + 16) * 4 + 1_048_576 // 2
 
 
 def test_gpu_learner_uses_bfloat16_activations_and_the_gpu_memory():
@@ -131,7 +136,7 @@ def test_rollout_kv_cache():
 
 
 def test_a_job_that_does_not_fit_says_which_tier():
-    small = {"resources": {"limits": {"memory": "1Mi"}}}
+    small = {"resources": {"limits": {"memory": "100Ki"}}}
     plan = plan_memory(spec(learner=small), SHAPE)
     assert plan.fits is False and plan.learner.fits is False and plan.rollout.fits is True
     assert len(plan.problems()) == 1 and plan.problems()[0].startswith("learner needs")
@@ -147,8 +152,8 @@ def test_quantities(text, value):
 def test_config_errors_name_the_file(tmp_path):
     with pytest.raises(PlanError, match=r"config.json: no such file"):
         read_model_shape(str(tmp_path))
-    with pytest.raises(PlanError, match=r"s3://m/x/config.json: the plan reads a local model folder"):
-        read_model_shape("s3://m/x")
+    with pytest.raises(PlanError, match=r"gs://m/x/config.json: the plan reads a local folder, file:// or s3://"):
+        read_model_shape("gs://m/x")
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(PlanError, match=r"config.json: no 'num_attention_heads'"):
         read_model_shape(str(tmp_path))
@@ -188,14 +193,153 @@ def test_plan_prints_a_table_and_json(tmp_path):
 def test_plan_exits_2_with_one_line_on_bad_input(tmp_path):
     missing = kuberl("plan", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and missing.stderr.strip().endswith("file not found")
-    remote = kuberl("plan", job_file(tmp_path), "--model", "s3://models/x")
+    remote = kuberl("plan", job_file(tmp_path), "--model", "gs://models/x")
     assert remote.returncode == 2 and remote.stderr.count("\n") == 1 and "config.json" in remote.stderr
     assert "Traceback" not in missing.stderr + remote.stderr
 
 
 def test_validate_warns_when_the_job_cannot_fit(tmp_path):
-    tight = kuberl("validate", job_file(tmp_path, learner_memory="1Mi"))
+    tight = kuberl("validate", job_file(tmp_path, learner_memory="100Ki"))
     assert tight.returncode == 0 and "is valid" in tight.stdout
     assert "warning: does not fit: learner needs" in tight.stderr
     roomy = kuberl("validate", job_file(tmp_path))
     assert roomy.returncode == 0 and "warning" not in roomy.stderr
+
+
+# ------------------------------------------------------------------------------ micro-batch budget
+def test_the_micro_batch_holds_the_token_budget_and_a_longer_trajectory_alone():
+    budgeted = plan_memory(spec(learner={"microBatchTokens": 512}), SHAPE).learner
+    assert (budgeted.token_budget, budgeted.micro_batch_tokens, budgeted.budget_is_default) == (512, 512, False)
+    assert budgeted.activations_with_checkpointing == 512 * 160 * 4  # a quarter of the whole mini-batch's
+    # trajectories of 1024 tokens and a budget of 256: each trajectory is a micro-batch of its own
+    long = {"maxContextTokens": 1024}
+    alone = plan_memory(
+        spec(model=long, environment={"maxTokensPerTrajectory": 1024}, learner={"microBatchTokens": 256}), SHAPE
+    ).learner
+    assert (alone.longest_trajectory, alone.micro_batch_tokens) == (1024, 1024)
+
+
+def test_the_default_budget_is_the_largest_that_fills_nine_tenths_of_the_device():
+    rows = {"trajectoriesPerStep": 4096}  # a mini-batch far larger than the device holds
+    memory = {"resources": {"limits": {"memory": "64Mi"}}}
+    learner = plan_memory(spec(training=rows, learner=memory), SHAPE).learner
+    assert learner.budget_is_default and learner.micro_batch_tokens == learner.token_budget > 256
+    assert learner.peak <= 0.9 * learner.budget
+    larger = plan_memory(spec(training=rows, learner={**memory, "microBatchTokens": learner.token_budget + 512}), SHAPE)
+    assert larger.learner.peak > 0.9 * learner.budget
+    unknown = plan_memory(spec(training=rows, learner={"resources": {"requests": {"cpu": 1}}}), SHAPE).learner
+    assert unknown.token_budget == 256  # no memory figure: one trajectory
+
+
+def test_a_chunk_of_logits_is_what_one_float32_copy_fits_in_256_mib():
+    wide = model_shape_from_config({**CONFIG, "vocab_size": 151936})
+    learner = plan_memory(spec(), wide).learner
+    # 441 tokens a chunk; with 8 rows a chunk is 55 positions of each, 440 tokens
+    assert learner.chunk_tokens == 440 and learner.logits == 440 * 151936 * 16
+
+
+def test_micro_batch_tokens_is_validated():
+    with pytest.raises(ValueError, match=r"microBatchTokens|micro_batch_tokens"):
+        spec(learner={"microBatchTokens": 100})
+
+
+# ------------------------------------------------------------------------------ --check and s3
+def test_check_exits_1_and_says_what_to_change(tmp_path):
+    fits = kuberl("plan", "--check", job_file(tmp_path))
+    assert fits.returncode == 0, fits.stderr
+    doc = yaml.safe_load(Path(job_file(tmp_path, learner_memory="1Mi")).read_text())
+    doc["spec"]["learner"]["microBatchTokens"] = 2048
+    path = tmp_path / "tight.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    tight = kuberl("plan", "--check", str(path))
+    assert tight.returncode == 1 and "does not fit: learner needs" in tight.stderr
+    budget = plan_memory(spec(learner={"resources": {"limits": {"memory": "1Mi"}}}), SHAPE).learner.token_budget
+    assert f"to fit: set spec.learner.microBatchTokens to {budget} or fewer" in tight.stderr
+    assert kuberl("plan", str(path)).returncode == 0  # without --check the table is all
+
+
+@pytest.mark.slow
+def test_plan_reads_config_json_from_s3_with_the_jobs_credentials(tmp_path):
+    from helpers.seaweedfs import seaweedfs
+
+    with seaweedfs() as s3:
+        client = s3.client()
+        client.create_bucket(Bucket="models")
+        client.put_object(Bucket="models", Key="tiny/config.json", Body=json.dumps(CONFIG).encode())
+        doc = yaml.safe_load(Path(job_file(tmp_path)).read_text())
+        doc["spec"]["model"]["uri"] = "s3://models/tiny"
+        doc["spec"]["checkpoint"] = {"uri": "s3://models/ckpt", "endpointUrl": s3.endpoint}
+        path = tmp_path / "s3.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_DEFAULT_REGION": "us-east-1"}
+        good = subprocess.run(
+            [KUBERL, "plan", "--json", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+        )
+        assert good.returncode == 0, good.stderr
+        assert json.loads(good.stdout)["parameters"] == 1704
+        wrong = subprocess.run(
+            [KUBERL, "plan", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"},
+        )
+        assert wrong.returncode == 2 and "s3://models/tiny/config.json: cannot read it" in wrong.stderr
+        assert "AWS_SECRET_ACCESS_KEY" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+# ------------------------------------------------------------------------------ the shipped examples
+# config.json of the models the examples name (the published Qwen3 configs; the demo's tiny Llama as
+# `kuberl build-tiny-model --hidden-size 128 --layers 2` writes it, vocabulary at most 2048)
+QWEN3 = {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "torch_dtype": "bfloat16"}
+MODELS = {
+    "Qwen3-0.6B": {
+        **QWEN3,
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "intermediate_size": 3072,
+        "tie_word_embeddings": True,
+    },
+    "Qwen3-4B": {
+        **QWEN3,
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "intermediate_size": 9728,
+        "tie_word_embeddings": True,
+    },
+    "Qwen3-8B": {
+        **QWEN3,
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "intermediate_size": 12288,
+        "tie_word_embeddings": False,
+    },
+    "tiny-llama": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 2048,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    },
+}
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_shipped_example_fits_by_its_own_plan(example, tmp_path):
+    uri = yaml.safe_load(example.read_text())["spec"]["model"]["uri"]
+    names = [name for name in MODELS if name in uri]
+    assert len(names) == 1, f"{example.name}: no config.json known for {uri}; add it to MODELS"
+    (tmp_path / "config.json").write_text(json.dumps(MODELS[names[0]]))
+    result = kuberl("plan", "--check", str(example), "--model", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "DOES NOT FIT" not in result.stdout
