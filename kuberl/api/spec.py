@@ -12,13 +12,14 @@ from typing import Annotated, Final, Literal
 from pydantic import Field
 
 from kuberl.api.base import ApiModel, CrossFieldRule
-from kuberl.api.types import DnsLabel, Duration, Image, Quantity, StorageUri, parse_duration
+from kuberl.api.types import DnsLabel, DnsSubdomain, Duration, Image, Quantity, StorageUri, parse_duration
 
 API_VERSION: Final = "kuberl.io/v1alpha1"
 KIND: Final = "RLJob"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 """The extended resource a pod asks GPUs by (the NVIDIA device plugin's)."""
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kuberl"
+"""Where KubeRL's images are published; the operator's default prefix for the images a job does not name."""
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -402,6 +403,17 @@ def _resources(requests: dict[str, int | str], limits: dict[str, int | str]) -> 
     return ResourceRequirements(requests=requests, limits=limits)
 
 
+class ImagePullSecret(ApiModel):
+    """A Secret of type kubernetes.io/dockerconfigjson in the job's namespace, as in a pod's imagePullSecrets."""
+
+    name: DnsSubdomain
+    """Name of the Secret, e.g. regcred (`kubectl create secret docker-registry regcred ...`)."""
+
+
+# A tier's pull secrets; its pods get these, then the operator's defaults that are not among them.
+ImagePullSecrets = Annotated[list[ImagePullSecret], Field(default_factory=list, max_length=32)]
+
+
 class FsdpSpec(ApiModel):
     """FSDP2 options of the learner."""
 
@@ -418,8 +430,12 @@ class LearnerSpec(ApiModel):
 
     replicas: int = Field(1, ge=1, le=4096)
     """Pods, one rank each: the data-parallel world size."""
-    image: Image = f"{DEFAULT_IMAGE_REGISTRY}/learner:0.1.0"
-    """Container image of the learner."""
+    image: Image | None = None
+    """Container image of the learner; unset: the operator's default, `<prefix>/learner:<version>` (the chart's
+    jobDefaults; ghcr.io/kuberl/learner:<KubeRL version> out of the box)."""
+    image_pull_secrets: ImagePullSecrets
+    """Secrets for pulling the image from a private registry, e.g. [{name: regcred}]; merged with the operator's
+    defaults (the chart's jobDefaults.imagePullSecrets)."""
     resources: ResourceRequirements = Field(
         default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {GPU_RESOURCE: 1})
     )
@@ -484,8 +500,11 @@ class RolloutSpec(ApiModel):
 
     replicas: int = Field(1, ge=1, le=4096)
     """Rollout servers."""
-    image: Image = f"{DEFAULT_IMAGE_REGISTRY}/rollout:0.1.0"
-    """Container image of the rollout server."""
+    image: Image | None = None
+    """Container image of the rollout server; unset: the operator's default, `<prefix>/rollout:<version>`."""
+    image_pull_secrets: ImagePullSecrets
+    """Secrets for pulling the image from a private registry, e.g. [{name: regcred}]; merged with the operator's
+    defaults."""
     resources: ResourceRequirements = Field(
         default_factory=lambda: _resources({"cpu": 8, "memory": "64Gi"}, {GPU_RESOURCE: 1})
     )
@@ -549,8 +568,13 @@ class SandboxSessionSpec(ApiModel):
 class SandboxSpec(ApiModel):
     """The sandbox tier: autoscaled pods serving isolated code-execution sessions."""
 
-    image: Image = f"{DEFAULT_IMAGE_REGISTRY}/sandbox-swe:0.1.0"
-    """Container image of the sandbox server (from env-images/)."""
+    image: Image | None = None
+    """Container image of the sandbox server (from env-images/); unset: the operator's default,
+    `<prefix>/sandbox:<version>`, the base server. Tasks on Python repositories want `<prefix>/sandbox-swe`
+    (git, ripgrep, pytest)."""
+    image_pull_secrets: ImagePullSecrets
+    """Secrets for pulling the image from a private registry, e.g. [{name: regcred}]; merged with the operator's
+    defaults."""
     min_replicas: int = Field(1, ge=0, le=10_000)
     """Fewest sandbox pods."""
     max_replicas: int = Field(8, ge=1, le=10_000)

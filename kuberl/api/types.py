@@ -120,6 +120,27 @@ StorageUri = Annotated[
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 
+# DNS-1123 subdomain: names of Secrets and most other Kubernetes objects (pull secrets, for one).
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def _check_dns_subdomain(text: str) -> str:
+    if len(text) > 253:
+        raise ValueError(f"must be at most 253 characters (a DNS subdomain), got {len(text)}")
+    if not re.fullmatch(DNS_SUBDOMAIN_PATTERN, text):
+        raise ValueError(
+            "must be a Kubernetes object name (a DNS subdomain): lowercase letters, digits, '-' and '.', "
+            f"starting and ending with a letter or digit, got {text!r}"
+        )
+    return text
+
+
+DnsSubdomain = Annotated[
+    str,
+    AfterValidator(_check_dns_subdomain),
+    Field(json_schema_extra={"minLength": 1, "maxLength": 253, "pattern": DNS_SUBDOMAIN_PATTERN}),
+]
+
 # Container image reference; kept loose (registries differ) but bounded and without spaces.
 IMAGE_PATTERN = r"^[^\s]+$"
 Image = Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)]

@@ -16,6 +16,7 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec, SandboxAutoscaler
 from kuberl.kube import Kube, object_path
 from kuberl_operator.desired import desired_objects
+from kuberl_operator.images import JobImages
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.meta import MANAGED_BY, owner_reference
 from kuberl_operator.network_policy import NetworkPeers
@@ -72,12 +73,13 @@ def apply_children(
     new: bool = False,
     security: SandboxPodSecurity | None = None,
     peers: NetworkPeers | None = None,
+    images: JobImages | None = None,
 ) -> list[str]:
     """Apply every child; `scaled_down` renders every tier with zero replicas (suspended or finished jobs).
     A `new` job's children are applied without reading first (half the requests when a thousand jobs arrive
     at once; an apply creates what is missing). `security` is what the cluster lets sandbox pods use and
-    `peers` who outside the job its NetworkPolicies admit (the operator's configuration). Returns
-    'Kind/name' of what was written."""
+    `peers` who outside the job its NetworkPolicies admit, `images` the images and pull secrets of tiers that
+    name none (the operator's configuration). Returns 'Kind/name' of what was written."""
     if scaled_down:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     owner = owner_reference(job, uid)
@@ -86,7 +88,7 @@ def apply_children(
         build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32)),
         build_job_token_secret(job, namespace, owner, secrets.token_urlsafe(32)),
     ]
-    for obj in [*tokens, *desired_objects(job, namespace, owner=owner, security=security, peers=peers)]:
+    for obj in [*tokens, *desired_objects(job, namespace, owner=owner, security=security, peers=peers, images=images)]:
         if obj["kind"] in CREATE_ONLY:
             if _create(kube, obj) is None:
                 continue  # it exists: never written again

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kuberl.api import env_vars
+from kuberl_operator.images import JobImages
 from kuberl_operator.network_policy import NetworkPeers
 from kuberl_operator.security import SandboxPodSecurity
 
@@ -33,6 +34,8 @@ class OperatorConfig:
     """What the cluster lets sandbox pods use."""
     network_peers: NetworkPeers = field(default_factory=NetworkPeers)
     """Who outside a job its NetworkPolicies admit: the operator itself, and Prometheus."""
+    job_images: JobImages = field(default_factory=JobImages)
+    """The images and pull secrets of the tiers of jobs that name none."""
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> OperatorConfig:
@@ -47,4 +50,5 @@ class OperatorConfig:
             watch_server_timeout_s=int(env.get(env_vars.WATCH_SERVER_TIMEOUT, default.watch_server_timeout_s)),
             sandbox_security=SandboxPodSecurity.from_env(env),
             network_peers=NetworkPeers.from_env(env),
+            job_images=JobImages.from_env(env),
         )

@@ -9,6 +9,7 @@ import yaml
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import GPU_RESOURCE, SandboxAutoscaler
 from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
+from kuberl_operator.images import JobImages
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.learner import build_learner_service, build_learner_statefulset
 from kuberl_operator.meta import TIER_LABEL
@@ -42,17 +43,21 @@ def desired_objects(
     sandbox_token_secret: str | None = None,
     security: SandboxPodSecurity | None = None,
     peers: NetworkPeers | None = None,
+    images: JobImages | None = None,
 ) -> list[dict[str, Any]]:
     """All children, ordered so that each exists before what needs it: identity and config first, every
     tier's NetworkPolicy before any of its pods (untrusted code never runs unfenced, and no job's servers
     are open to other tenants even for a moment), Services before the workloads that resolve them, the
     learner last (it waits on rollout servers). `security`: see build_sandbox_deployment; `peers`: who
-    outside the job the policies admit (NetworkPeers)."""
+    outside the job the policies admit (NetworkPeers); `images`: the images and pull secrets of jobs that name
+    none (JobImages; the environment's by default, as the operator's)."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
+    images = images or JobImages.from_env()
+    job = images.resolved(job)
     workloads = [
-        build_sandbox_deployment(job, namespace, owner, secret, security),
-        build_rollout_statefulset(job, namespace, owner, secret),
-        build_learner_statefulset(job, namespace, owner),
+        build_sandbox_deployment(job, namespace, owner, secret, security, images),
+        build_rollout_statefulset(job, namespace, owner, secret, images),
+        build_learner_statefulset(job, namespace, owner, images),
     ]
     queue = []
     if job.spec.scheduling.queue_name:

@@ -136,6 +136,7 @@ def _apply(body: kopf.Body, logger: kopf.Logger, config: OperatorConfig, new: bo
             security=config.sandbox_security,
             first_try=first_try,
             peers=config.network_peers,
+            images=config.job_images,
         )
     if written:
         logger.info("applied %s", ", ".join(written))
@@ -162,7 +163,16 @@ def observe(
         nodes = {name: info for name, (info, *_) in kwargs.get("nodes_by_name", {}).items()}
         post = _poster(body, logger)
         status = reconcile.drive(
-            kube(), dict(body), pods, memory, _now(), post, nodes, config.sandbox_security, config.network_peers
+            kube(),
+            dict(body),
+            pods,
+            memory,
+            _now(),
+            post,
+            nodes,
+            config.sandbox_security,
+            config.network_peers,
+            config.job_images,
         )
         clock = time.monotonic()
         if (

@@ -7,6 +7,7 @@ from typing import Any
 from kuberl.api.env_vars import JOB_NAME as JOB_NAME_ENV
 from kuberl.api.env_vars import NAMESPACE as NAMESPACE_ENV
 from kuberl.api.rljob import RLJob
+from kuberl_operator.images import JobImages
 from kuberl_operator.meta import LEARNER, child_name, selector_labels
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import (
@@ -113,17 +114,20 @@ def final_checkpoint_hook() -> dict[str, Any]:
     return {"exec": {"command": ["python", "-m", "kuberl_trainer.final_checkpoint"]}}
 
 
-def build_learner_statefulset(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+def build_learner_statefulset(
+    job: RLJob, namespace: str, owner: dict[str, Any] | None, images: JobImages | None = None
+) -> dict[str, Any]:
     """One pod per rank. Parallel pod management starts (and stops) all ranks at once: a gang cannot
     rendezvous one pod at a time, and an ordered scale-down would wait on ranks blocked in collectives.
     OnDelete updates: the operator restarts the gang as a whole; a rolling update would break it rank by
-    rank."""
+    rank. `images`: the operator's image defaults (its environment's by default)."""
+    images = images or JobImages.from_env()
     volumes, mounts = workload_volumes(job)
     volumes.append({"name": "run", "emptyDir": {}})
     mounts.append({"name": "run", "mountPath": RUN_DIR.rsplit("/", 1)[0]})
     container = {
         "name": LEARNER,
-        "image": job.spec.learner.image,
+        "image": images.image(job, LEARNER),
         "command": torchrun_argv(job, namespace),
         "env": learner_env(job),
         "ports": [
@@ -143,6 +147,7 @@ def build_learner_statefulset(job: RLJob, namespace: str, owner: dict[str, Any] 
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": restricted_pod_security_context(),
         **pod_placement(job, LEARNER),
+        **images.pod_fields(job, LEARNER),
         "containers": [container],
         "volumes": volumes,
     }

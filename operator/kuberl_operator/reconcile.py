@@ -20,6 +20,7 @@ from kuberl_operator import queueing
 from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
 from kuberl_operator.autoscale import ScalerState, recommend
 from kuberl_operator.demand import StartLatency, scrape_demand
+from kuberl_operator.images import JobImages
 from kuberl_operator.lifecycle import (
     Action,
     ActionKind,
@@ -176,10 +177,12 @@ def apply_job(
     security: SandboxPodSecurity | None = None,
     first_try: bool = False,
     peers: NetworkPeers | None = None,
+    images: JobImages | None = None,
 ) -> list[str]:
     """Apply the children unless the spec change is unsafe for a started job; then say why in a condition.
     A `new` job (the create handler) has no applied spec to compare with yet. `security`: what the cluster
-    lets sandbox pods use; `peers`: who outside the job its NetworkPolicies admit.
+    lets sandbox pods use; `peers`: who outside the job its NetworkPolicies admit; `images`: the images and pull
+    secrets of tiers that name none.
 
     The job is read afresh first: the phase decides the replicas, and a stale one would undo a scale-down.
     Not on a new job's `first_try`: until its children exist the state machine can only have moved it to
@@ -211,7 +214,9 @@ def apply_job(
         return []
     scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES or admission(kube, job, namespace) is False
     uid = body["metadata"]["uid"]
-    return apply_children(kube, job, namespace, uid, scaled_down, new=new, security=security, peers=peers)
+    return apply_children(
+        kube, job, namespace, uid, scaled_down, new=new, security=security, peers=peers, images=images
+    )
 
 
 def drive(
@@ -224,6 +229,7 @@ def drive(
     nodes: Mapping[str, NodeCapacity] | None = None,
     security: SandboxPodSecurity | None = None,
     peers: NetworkPeers | None = None,
+    images: JobImages | None = None,
 ) -> RLJobStatus:
     """One observation of a job and its pods (from the operator's pod index, not a list per job): run the
     state machine, act, post events, write the status.
@@ -246,7 +252,7 @@ def drive(
         return old
     job = parse_job(body)
     for action in decision.actions:
-        _act(kube, body, job, pods, action, security, peers)
+        _act(kube, body, job, pods, action, security, peers, images)
     if should_write(old, decision.status, observed):
         write_status(kube, body, old, decision.status)
         memory.metered_at = now
@@ -353,19 +359,20 @@ def _act(
     action: Action,
     security: SandboxPodSecurity | None,
     peers: NetworkPeers | None,
+    images: JobImages | None,
 ) -> None:
-    namespace = body["metadata"]["namespace"]
+    namespace, uid = body["metadata"]["namespace"], body["metadata"]["uid"]
     collection = collection_path("v1", "Pod", namespace)
     if action.kind == ActionKind.SCALE_TO_ZERO:
         # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
-        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=True, security=security, peers=peers)
+        apply_children(kube, job, namespace, uid, scaled_down=True, security=security, peers=peers, images=images)
     elif action.kind == ActionKind.RESTART_LEARNER_GANG:
         # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
         for pod in pods:
             if (pod["metadata"].get("labels") or {}).get(TIER_LABEL) == LEARNER:
                 kube.delete(f"{collection}/{pod['metadata']['name']}")
     elif action.kind == ActionKind.APPLY:
-        apply_children(kube, job, namespace, body["metadata"]["uid"], scaled_down=False, security=security, peers=peers)
+        apply_children(kube, job, namespace, uid, scaled_down=False, security=security, peers=peers, images=images)
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
             kube.delete(f"{collection}/{name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.api.rljob import RLJob
+from kuberl_operator.images import JobImages
 from kuberl_operator.meta import ROLLOUT, SANDBOX, child_name, selector_labels
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import (
@@ -59,10 +60,16 @@ def build_rollout_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
 
 
 def build_rollout_statefulset(
-    job: RLJob, namespace: str, owner: dict[str, Any] | None, sandbox_token_secret: str
+    job: RLJob,
+    namespace: str,
+    owner: dict[str, Any] | None,
+    sandbox_token_secret: str,
+    images: JobImages | None = None,
 ) -> dict[str, Any]:
     """The same `kuberl rollout-server JOB.yaml` as `kuberl run`. Ready on /readyz once the engine holds
-    weights; a startup probe covers downloading and loading a large model before liveness applies."""
+    weights; a startup probe covers downloading and loading a large model before liveness applies.
+    `images`: the operator's image defaults (its environment's by default)."""
+    images = images or JobImages.from_env()
     volumes, mounts = workload_volumes(job)
     argv = [
         "python",
@@ -79,7 +86,7 @@ def build_rollout_statefulset(
     ]
     container = {
         "name": ROLLOUT,
-        "image": job.spec.rollout.image,
+        "image": images.image(job, ROLLOUT),
         "command": argv,
         "env": [
             sandbox_token_env(sandbox_token_secret),
@@ -97,11 +104,13 @@ def build_rollout_statefulset(
         "securityContext": restricted_container_security_context(),
     }
     pod_spec = {
-        # no API access: the namespace's default account (keeping its imagePullSecrets), no token mounted
+        # no API access: the namespace's default account (whose imagePullSecrets apply when the pod names
+        # none), no token mounted
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": restricted_pod_security_context(),
         **pod_placement(job, ROLLOUT),
+        **images.pod_fields(job, ROLLOUT),
         "containers": [container],
         "volumes": volumes,
     }

@@ -8,6 +8,7 @@ from kuberl.api.env_vars import SANDBOX_ADVERTISE_URL as ADVERTISE_ENV
 from kuberl.api.env_vars import SANDBOX_EGRESS
 from kuberl.api.rljob import RLJob
 from kuberl_operator.autoscale import ScalingPolicy
+from kuberl_operator.images import JobImages
 from kuberl_operator.meta import SANDBOX, child_name, common_labels, object_meta, selector_labels
 from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import TMP_DIR, empty_dir, env_list, http_probe, resources, sandbox_token_env, tier_service
@@ -57,14 +58,17 @@ def build_sandbox_deployment(
     owner: dict[str, Any] | None,
     sandbox_token_secret: str,
     security: SandboxPodSecurity | None = None,
+    images: JobImages | None = None,
 ) -> dict[str, Any]:
     """The same `kuberl sandbox` as `kuberl run`, hardened for untrusted code: its own user namespace
     (`hostUsers: false`) unless the operator is told the cluster lacks them, no service-account token, no
     service-link variables, a read-only root filesystem with sessions on an emptyDir, and the RuntimeClass
     of the spec (gVisor, Kata) when one is given. Its root user is explained in
-    security.sandbox_container_security_context; `security` defaults to the operator's environment."""
+    security.sandbox_container_security_context; `security` and `images` default to the operator's
+    environment."""
     spec = job.spec.sandbox
     security = security or SandboxPodSecurity.from_env()
+    images = images or JobImages.from_env()
     user_namespace = sandbox_uses_user_namespace(security, spec.runtime_class_name)
     argv = [
         "python",
@@ -84,7 +88,7 @@ def build_sandbox_deployment(
     ]
     container = {
         "name": SANDBOX,
-        "image": spec.image,
+        "image": images.image(job, SANDBOX),
         "command": argv,
         "env": [
             sandbox_token_env(sandbox_token_secret),
@@ -111,6 +115,7 @@ def build_sandbox_deployment(
         "terminationGracePeriodSeconds": 30,
         "securityContext": sandbox_pod_security_context(security),
         **pod_placement(job, SANDBOX),
+        **images.pod_fields(job, SANDBOX),
         "containers": [container],
         "volumes": [empty_dir("workspace"), empty_dir("tmp")],
     }

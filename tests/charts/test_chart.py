@@ -19,10 +19,13 @@ import pytest
 import yaml
 from conftest import BIN, EXAMPLES, REPO
 
+from kuberl.api.rljob import RLJob
 from kuberl.crd import GROUP, PLURAL
 from kuberl.kube import collection_path
 from kuberl.validation import load_rljob
+from kuberl_operator.config import OperatorConfig
 from kuberl_operator.desired import desired_objects
+from kuberl_operator.images import JobImages
 from kuberl_operator.meta import JOB_LABEL, MANAGED_BY, ROLLOUT, TIER_LABEL
 from kuberl_operator.network_policy import NetworkPeers, build_rollout_network_policy
 from kuberl_operator.rbac import role_rules
@@ -224,6 +227,12 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
         (["--set", "operator.sandboxAppArmorProfile=docker-default"], "operator.sandboxAppArmorProfile"),
         (["--set", "networkPolicy.monitoringNamespace=Monitoring"], "networkPolicy.monitoringNamespace"),
         (["--set", "networkPolicy.defaultDeny=yes"], "networkPolicy.defaultDeny"),
+        (["--set", "image.registry=https://registry.example.com"], "image.registry"),
+        (["--set", "image.tag=1.0+local"], "image.tag"),
+        (["--set", "imagePullSecrets[0].name=Reg_Cred"], "imagePullSecrets.0.name"),
+        (["--set", "jobDefaults.imageRegistry=registry.example.com/team/"], "jobDefaults.imageRegistry"),
+        (["--set", "jobDefaults.imagePullSecrets[0].nme=regcred"], "nme"),
+        (["--set", "image.repository=operator:0.1.0"], "image.repository"),
     ],
     ids=[
         "two-replicas",
@@ -238,6 +247,12 @@ def test_what_renders_by_default_and_with_everything_on(default, all_on, all_on_
         "apparmor-notation",
         "bad-monitoring-namespace",
         "string-default-deny",
+        "registry-with-scheme",
+        "plus-in-tag",
+        "bad-pull-secret",
+        "registry-trailing-slash",
+        "pull-secret-typo",
+        "tag-in-repository",
     ],
 )
 def test_wrong_values_are_rejected_naming_the_value(values, named):
@@ -326,6 +341,77 @@ def test_watch_namespaces_become_one_dash_n_each(all_on):
     assert container["imagePullPolicy"] == "Always"
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["KUBERL_OPERATOR_INTERVAL"] == "5" and env["KUBERL_OPERATOR_WORKERS"] == "64"
+
+
+# ------------------------------------------------------------------------------ images and registries
+PRIVATE = "registry.example.com/team"
+
+
+def job_images(objects: list[dict[str, Any]]) -> JobImages:
+    """The job image defaults the rendered operator runs with, read as `kuberl operator` reads them."""
+    return OperatorConfig.from_env({e["name"]: e["value"] for e in operator_container(objects)["env"]}).job_images
+
+
+def test_out_of_the_box_every_image_is_the_releases_on_ghcr(default):
+    assert operator_container(default)["image"] == "ghcr.io/kuberl/operator:0.1.0"
+    assert "imagePullSecrets" not in one(default, "Deployment")["spec"]["template"]["spec"]
+    assert job_images(default) == JobImages(registry="ghcr.io/kuberl", tag="0.1.0", pull_secrets=())
+
+
+def test_a_private_registry_moves_the_operator_and_every_job_image():
+    # the docs/helm.md recipe: `make images PUSH=...`, then these values
+    objects = render(
+        "--set",
+        f"image.registry={PRIVATE}",
+        "--set",
+        "imagePullSecrets[0].name=regcred",
+        "--set",
+        "jobDefaults.imagePullSecrets[0].name=regcred",
+    )
+    for obj in objects:  # kubernetes-validate --strict, as for the built-in renders
+        kubernetes_validate.validate(obj, NEWEST, strict=True)
+    assert operator_container(objects)["image"] == f"{PRIVATE}/operator:0.1.0"
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    images = job_images(objects)
+    assert images == JobImages(registry=PRIVATE, tag="0.1.0", pull_secrets=("regcred",))
+    # what that operator creates for a job that names no image, and for one with a pull secret of its own
+    manifest = yaml.safe_load((REPO / "examples" / "swe-toy.yaml").read_text())
+    manifest["spec"].setdefault("learner", {})["imagePullSecrets"] = [{"name": "learner-pull"}, {"name": "regcred"}]
+    children = desired_objects(RLJob.from_manifest(manifest), "team", owner=None, images=images)
+    for obj in children:
+        kubernetes_validate.validate(obj, NEWEST, strict=True)
+    pods = {
+        o["metadata"]["labels"][TIER_LABEL]: o["spec"]["template"]["spec"]
+        for o in children
+        if o["kind"] in ("StatefulSet", "Deployment")
+    }
+    assert {t: p["containers"][0]["image"] for t, p in pods.items()} == {
+        t: f"{PRIVATE}/{t}:0.1.0" for t in ("learner", "rollout", "sandbox")
+    }
+    assert pods["learner"]["imagePullSecrets"] == [{"name": "learner-pull"}, {"name": "regcred"}]
+    assert pods["rollout"]["imagePullSecrets"] == pods["sandbox"]["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_job_defaults_can_point_elsewhere_than_the_operator_image(all_on):
+    # values-all-on.yaml: the operator from one repository, the jobs' images from another, with their own tag
+    assert operator_container(all_on)["image"] == "registry.example.com/kuberl/operator:0.1.0-rc.1"
+    assert job_images(all_on) == JobImages(
+        registry="registry.example.com/rl-images", tag="0.1.0-rc.2", pull_secrets=("regcred", "rl-images-pull")
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "image"),
+    [
+        (["--set", "image.repository=registry.example.com/kuberl/operator"], "registry.example.com/kuberl/operator"),
+        (["--set", "image.repository=localhost:5000/operator"], "localhost:5000/operator"),
+        (["--set", "image.registry=", "--set", "image.repository=kuberl/operator"], "kuberl/operator"),
+        (["--set", "image.registry=registry.example.com:5000/team"], "registry.example.com:5000/team/operator"),
+    ],
+    ids=["repository-with-host", "localhost-with-port", "no-registry", "registry-with-port"],
+)
+def test_a_repository_that_names_its_registry_is_used_as_it_is(values, image):
+    assert operator_container(render(*values))["image"] == f"{image}:0.1.0"
 
 
 def test_probes_and_ports(default):
@@ -630,6 +716,18 @@ def test_notes_say_what_to_do_next(tmp_path):
     ):
         assert expected in notes, f"NOTES.txt lacks {expected!r}:\n{notes}"
     assert "never deletes the RLJob CRD" in " ".join(notes.split())
+
+
+def test_notes_say_which_images_run_and_how_to_use_a_registry_of_your_own(tmp_path):
+    notes = " ".join(rendered_notes(tmp_path).split())
+    assert "the operator runs ghcr.io/kuberl/operator:0.1.0" in notes
+    assert "ghcr.io/kuberl/learner, ghcr.io/kuberl/rollout and ghcr.io/kuberl/sandbox, tag 0.1.0" in notes
+    for step in ("make images PUSH=registry.example.com/team", "--set image.registry=registry.example.com/team"):
+        assert step in notes
+    private = " ".join(rendered_notes(tmp_path / "all-on", "-f", str(ALL_ON)).split())
+    assert "registry.example.com/rl-images/learner" in private and "make images" not in private
+    assert "pulled with the Secrets regcred, rl-images-pull" in private
+    assert "create secret docker-registry regcred --docker-server=registry.example.com" in private
 
 
 def test_notes_name_the_watched_namespaces_and_the_monitoring_objects(tmp_path):

@@ -48,8 +48,38 @@ app.kubernetes.io/part-of: kuberl
 {{- end -}}
 {{- end -}}
 
+{{/*
+The operator image: <registry>/<repository>:<tag>. A repository whose first part is a registry host (it has a
+"." or ":", or is localhost, as image references tell them) already names the whole image.
+*/}}
 {{- define "kuberl.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $repository := .Values.image.repository -}}
+{{- $first := first (splitList "/" $repository) -}}
+{{- $hasHost := and (contains "/" $repository) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $registry := trimSuffix "/" (.Values.image.registry | default "") -}}
+{{- $name := ternary $repository (printf "%s/%s" $registry $repository) (or $hasHost (not $registry)) -}}
+{{- printf "%s:%s" $name (include "kuberl.imageTag" .) -}}
+{{- end -}}
+
+{{- define "kuberl.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
+{{/* jobDefaults.imagePullSecrets as the operator reads them: names separated by commas. */}}
+{{- define "kuberl.jobPullSecrets" -}}
+{{- $names := list -}}
+{{- range .Values.jobDefaults.imagePullSecrets }}{{ $names = append $names .name }}{{ end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/* The job images' prefix: jobDefaults.imageRegistry, else the operator image's registry. */}}
+{{- define "kuberl.jobImageRegistry" -}}
+{{- trimSuffix "/" (default (.Values.image.registry | default "") .Values.jobDefaults.imageRegistry) -}}
+{{- end -}}
+
+{{/* The job images' tag: jobDefaults.imageTag, else the operator image's. */}}
+{{- define "kuberl.jobImageTag" -}}
+{{- default (include "kuberl.imageTag" .) .Values.jobDefaults.imageTag -}}
 {{- end -}}
 
 {{/*
