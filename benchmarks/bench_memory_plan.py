@@ -1,15 +1,17 @@
-"""`kuberl plan`'s learner estimate against the measured CPU peak of real train steps: two tiny Llamas, three
-context lengths, activation checkpointing off and on. Goal: every estimate within +-25 % of the measurement.
+"""`kuberl plan`'s learner estimate against the measured CPU peak of real train steps: two tiny Llamas (built
+here, offline, with vocabularies wide enough that the log-probs run in several chunks), two context lengths,
+micro-batches of one row and of the whole mini-batch, activation checkpointing off and on. Goal: every
+estimate within +-25 % of the measurement.
 
-Each case runs in a fresh Python process (torch's CPU allocations are invisible to tracemalloc): it runs the
-whole learner once on one row and drops it (so what a process sets up once, whatever the model, is not
-counted), reads its resident set (the baseline), loads the policy with `load_policy`,
-makes a real AdamW and a batch of 4 rows x T tokens whose loss reads from position 1 (the plan's worst
-case), runs one `train_step` (so gradients and AdamW moments exist, as in a running job), resets the
+Each case runs in a fresh Python process (torch's CPU allocations are invisible to tracemalloc; torch keeps
+no allocator statistics on CPU, so the kernel's resident-set high-water mark is read): it runs the whole
+learner once on one row and drops it (so what a process sets up once, whatever the model, is not counted),
+reads its resident set (the baseline), loads the policy with `load_policy`, makes a real AdamW and a batch of
+4 rows x T tokens whose loss reads from position 1 (the plan's worst case), runs one `train_step` in
+micro-batches of the case's budget (so gradients and AdamW moments exist, as in a running job), resets the
 kernel's high-water mark (/proc/self/clear_refs) and runs a second step. Measured peak = the high-water
 mark of the second step - the baseline. glibc's mmap threshold is fixed at 128 KiB (MALLOC below) so
-freed tensors leave the resident set. With checkpointing the model is put in training mode (see
-measure_case). Linux only.
+freed tensors leave the resident set. Linux only.
 
     nice -n 19 .venv/bin/python benchmarks/bench_memory_plan.py [OUT.json]
 """
@@ -28,14 +30,36 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 ROWS = 4
-CONTEXTS = (256, 512, 1024)
+BUDGETS = ("row", "mini-batch")  # micro-batches of one row each, or of the whole mini-batch
 # a fixed mmap threshold (which turns off glibc's dynamic one): freed tensors go back to the kernel at once,
 # so the resident set follows the live tensors instead of the heap's high-water mark
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+# log-prob chunks of 4096 and 2048 tokens (kuberl.planning.logits_chunk_tokens): several per micro-batch
 MODELS = {
-    "h64-l2": {"hidden_size": 64, "layers": 2, "heads": 2},
-    "h256-l4": {"hidden_size": 256, "layers": 4, "heads": 4},
+    "h128-l2-v16k": {"hidden_size": 128, "layers": 2, "heads": 2, "vocab_size": 16384, "contexts": (1024, 2048)},
+    "h256-l4-v32k": {"hidden_size": 256, "layers": 4, "heads": 4, "vocab_size": 32768, "contexts": (512, 1024)},
 }
+
+
+def build_model(path: Path, hidden_size: int, layers: int, heads: int, vocab_size: int, contexts=()) -> Path:
+    """A random Llama (safetensors, float32) with no tokenizer: the learner needs config and weights only."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    return path
 
 
 def _status_kib(field: str) -> int:
@@ -45,7 +69,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure_case(model_dir: str, tokens: int, checkpointing: bool) -> dict[str, int]:
+def measure_case(model_dir: str, tokens: int, checkpointing: bool, budget: int) -> dict[str, int]:
     """In this (fresh) process: bytes the second of two train steps takes at its peak above the baseline."""
     import torch
 
@@ -61,10 +85,6 @@ def measure_case(model_dir: str, tokens: int, checkpointing: bool) -> dict[str, 
 
     def learner(warm_up_rows: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, TokenBatch]:
         model = load_policy(model_dir, FsdpSpec(activation_checkpointing=checkpointing), torch.device("cpu"))
-        # Hugging Face checkpoints a block only in training mode, and from_pretrained leaves the model in eval
-        # mode; the learner (kuberl_trainer/learner.py) never switches it, so its checkpointing is off today
-        # whatever the spec says. Measured here as the spec means it.
-        model.train(checkpointing)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(5, model.config.vocab_size, (warm_up_rows, tokens), generator=g)
@@ -77,20 +97,20 @@ def measure_case(model_dir: str, tokens: int, checkpointing: bool) -> dict[str, 
     # (the modules that loading, AdamW and the step import, torch's kernels and thread pools: 14-17 MB here)
     # is in the baseline, not in the step's bytes, which are what the plan estimates.
     model, optimizer, batch = learner(1)
-    train_step(model, optimizer, batch, LossConfig(), 1.0, 1)
+    train_step(model, optimizer, batch, LossConfig(), 1.0, 1, micro_batch_tokens=budget)
     del model, optimizer, batch
     gc.collect()
     baseline = _status_kib("VmRSS") * 1024
     model, optimizer, batch = learner(ROWS)
-    train_step(model, optimizer, batch, LossConfig(), 1.0, 1)
+    train_step(model, optimizer, batch, LossConfig(), 1.0, 1, micro_batch_tokens=budget)
     settled = _status_kib("VmRSS") * 1024
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
-    train_step(model, optimizer, batch, LossConfig(), 1.0, 1)
+    train_step(model, optimizer, batch, LossConfig(), 1.0, 1, micro_batch_tokens=budget)
     peak = _status_kib("VmHWM") * 1024
     return {"baseline_bytes": baseline, "between_steps_bytes": settled - baseline, "measured_bytes": peak - baseline}
 
 
-def estimate(model_dir: Path, tokens: int, checkpointing: bool):
+def estimate(model_dir: Path, tokens: int, checkpointing: bool, budget: int):
     from kuberl.api.spec import RLJobSpec
     from kuberl.planning import plan_learner, read_model_shape
 
@@ -101,68 +121,86 @@ def estimate(model_dir: Path, tokens: int, checkpointing: bool):
             "environment": {"maxTokensPerTrajectory": tokens},
             "algorithm": {"groupSize": 2},
             "training": {"trajectoriesPerStep": ROWS},
-            "learner": {"replicas": 1, "resources": cpu, "fsdp": {"activationCheckpointing": checkpointing}},
+            "learner": {
+                "replicas": 1,
+                "resources": cpu,
+                "fsdp": {"activationCheckpointing": checkpointing},
+                "microBatchTokens": budget,
+            },
         }
     )
     return plan_learner(spec, read_model_shape(str(model_dir)))
 
 
 def run() -> dict[str, object]:
-    from kuberl.modeling.tiny import build_tiny_model
-
     cases = []
     with tempfile.TemporaryDirectory(prefix="kuberl-memory-plan-") as tmp:
         for name, size in MODELS.items():
-            model_dir = build_tiny_model(Path(tmp) / name, seed=0, **size)
-            for tokens in CONTEXTS:
-                for checkpointing in (False, True):
-                    started = time.perf_counter()
-                    child = subprocess.run(
-                        [sys.executable, __file__, "--case", str(model_dir), str(tokens), str(int(checkpointing))],
-                        capture_output=True,
-                        text=True,
-                        timeout=300,
-                        env={**os.environ, **MALLOC},
-                    )
-                    if child.returncode != 0:
-                        raise RuntimeError(f"{name} T={tokens}: {child.stderr[-2000:]}")
-                    measured = json.loads(child.stdout.strip().splitlines()[-1])
-                    plan = estimate(model_dir, tokens, checkpointing)
-                    case = {
-                        "model": name,
-                        "parameters": plan.weights // 4,
-                        "context_tokens": tokens,
-                        "rows": ROWS,
-                        "activation_checkpointing": checkpointing,
-                        "estimate_bytes": plan.peak,
-                        "estimate_states_bytes": plan.weights + plan.gradients + plan.optimizer,
-                        "estimate_activations_bytes": plan.activations,
-                        "estimate_logits_bytes": plan.logits,
-                        **measured,
-                        "ratio": round(plan.peak / measured["measured_bytes"], 3),
-                        "within_25_percent": abs(plan.peak / measured["measured_bytes"] - 1) <= 0.25,
-                        "seconds": round(time.perf_counter() - started, 1),
-                    }
-                    cases.append(case)
-                    print(
-                        f"[bench]   {name} T={tokens} checkpointing={checkpointing}: estimate "
-                        f"{plan.peak / 2**20:.1f} MiB, measured {measured['measured_bytes'] / 2**20:.1f} MiB, "
-                        f"ratio {case['ratio']}",
-                        flush=True,
-                    )
+            model_dir = build_model(Path(tmp) / name, **size)
+            for tokens in size["contexts"]:
+                for budget_name in BUDGETS:
+                    budget = tokens if budget_name == "row" else ROWS * tokens
+                    for checkpointing in (False, True):
+                        cases.append(measure(name, model_dir, tokens, checkpointing, budget_name, budget))
     return {"cases": cases, "all_within_25_percent": all(c["within_25_percent"] for c in cases)}
+
+
+def measure(name: str, model_dir: Path, tokens: int, checkpointing: bool, budget_name: str, budget: int) -> dict:
+    started = time.perf_counter()
+    argv = [sys.executable, __file__, "--case", str(model_dir), str(tokens), str(int(checkpointing)), str(budget)]
+    child = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **MALLOC})
+    if child.returncode != 0:
+        raise RuntimeError(f"{name} T={tokens}: {child.stderr[-2000:]}")
+    measured = json.loads(child.stdout.strip().splitlines()[-1])
+    plan = estimate(model_dir, tokens, checkpointing, budget)
+    case = {
+        "model": name,
+        "parameters": plan.weights // 4,
+        "context_tokens": tokens,
+        "rows": ROWS,
+        "micro_batch": budget_name,
+        "micro_batch_tokens": plan.micro_batch_tokens,
+        "chunk_tokens": plan.chunk_tokens,
+        "activation_checkpointing": checkpointing,
+        "estimate_bytes": plan.peak,
+        "estimate_states_bytes": plan.weights + plan.gradients + plan.optimizer,
+        "estimate_activations_bytes": plan.activations,
+        "estimate_logits_bytes": plan.logits,
+        **measured,
+        "ratio": round(plan.peak / measured["measured_bytes"], 3),
+        "within_25_percent": abs(plan.peak / measured["measured_bytes"] - 1) <= 0.25,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    print(
+        f"[bench]   {name} T={tokens} micro-batch={budget_name} checkpointing={checkpointing}: estimate "
+        f"{plan.peak / 2**20:.1f} MiB, measured {measured['measured_bytes'] / 2**20:.1f} MiB, ratio {case['ratio']}",
+        flush=True,
+    )
+    return case
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--case"]:
-        model_dir, tokens, checkpointing = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-        print(json.dumps(measure_case(model_dir, tokens, checkpointing)))
+        model_dir, tokens, checkpointing, budget = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+        print(json.dumps(measure_case(model_dir, tokens, checkpointing, budget)))
         return 0
     sys.path.insert(0, str(HERE))
     from run import commit, machine
 
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/bench/memory_plan.json")
-    report = {"commit": commit(), "machine": machine(), **run()}
+    report = {
+        "commit": commit(),
+        "machine": {**machine(), "cpu_model": cpu_model()},
+        "method": "VmHWM - VmRSS baseline of a fresh process (/proc/self/status), second of two train steps",
+        **run(),
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")

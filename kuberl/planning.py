@@ -18,10 +18,10 @@ What the estimate assumes, following the code that runs (trainer/kuberl_trainer/
   4 x intermediate (gate, its SiLU, up, their product), plus 2H for the final norm. With activation
   checkpointing each block keeps only its input (H) and one block is recomputed at a time in the backward.
 - Log-probs are computed a chunk of `logits_chunk_tokens` tokens at a time, each chunk checkpointed: one
-  chunk's logits live at a time, with their float32 log-softmax and, during the entropy and the backward,
-  two more float32 copies (four on CPU; bfloat16 logits and four float32 copies with mixed precision on
-  GPU); one more when entropyCoef > 0. In the backward the chunk and the recomputed block do not overlap:
-  the peak holds the larger.
+  chunk lives at a time, as its float32 log-softmax (the logits are freed once it exists) and, during the
+  entropy and the backward, two more float32 copies (12 bytes per logit; 14 with mixed precision, the
+  bfloat16 logits' gradient); one more copy when entropyCoef > 0. In the backward the chunk and the
+  recomputed block do not overlap: the peak holds the larger.
 - Gradient-free passes (old log-probs with miniBatches > 1 or masked importance sampling, the reference
   policy with klCoef > 0, PPO's values) keep no activations: one micro-batch's final hidden states, one
   block's temporaries and one chunk's logits. The reference model (float32, sharded like the policy) stays
@@ -296,7 +296,10 @@ def activation_bytes(shape: ModelShape, tokens: int, element_bytes: int, checkpo
 
 def logits_bytes(shape: ModelShape, tokens: int, gpu_mixed: bool, entropy_grad: bool) -> int:
     """The logits of `tokens` positions, their log-softmax and the entropy's and backward's copies at their peak."""
-    per_element = (2 + 4 + 4 + 4 + 4) if gpu_mixed else 4 * 4
+    # float32 log-softmax, and two more float32 copies (the entropy's exp and product; in the backward the
+    # gather's and the log-softmax's gradients); the float32 logits are freed once the log-softmax exists,
+    # bfloat16 logits' gradient (2) remain with mixed precision
+    per_element = 14 if gpu_mixed else 12
     if entropy_grad:
         per_element += 4
     return tokens * shape.vocab_size * per_element

@@ -71,11 +71,11 @@ def test_learner_bytes_of_a_known_config():
     assert learner.activations_without_checkpointing == 8 * 256 * 272 * 4 == 2_228_224
     # block inputs 2 x 8 + one block recomputed 128 + final norm 16
     assert learner.activations_with_checkpointing == 8 * 256 * 160 * 4 == 1_310_720
-    # logits, log-softmax, exp and p log p: four float32 [8, 256, 32]
-    assert learner.logits == 8 * 256 * 32 * 16 == 1_048_576
+    # one chunk (the whole micro-batch here): log-softmax, the entropy's or the backward's two copies, float32
+    assert learner.logits == 8 * 256 * 32 * 12 == 786_432
     assert learner.gradient_free_pass == 0 and learner.reference == 0
     # checkpointing is on by default: block inputs and final norm (8 x 256 x 32 x 4), then the larger of the
-    # logits' copies and the one block recomputed in the backward (both 1_048_576 here)
+    # chunk's copies and the one block recomputed in the backward (1_048_576 here)
     assert learner.peak == 27_264 + 262_144 + 1_048_576
     assert learner.budget == 1024**3 and learner.fits
 
@@ -95,10 +95,10 @@ def test_activation_checkpointing_reduces_activations_and_the_peak():
     assert (
         on.activations == on.activations_with_checkpointing < off.activations == off.activations_without_checkpointing
     )
-    assert off.peak - on.peak == (2_228_224 + 1_048_576) - (262_144 + 1_048_576)
+    assert off.peak - on.peak == (2_228_224 + 786_432) - (262_144 + 1_048_576)
     # a wider vocabulary: the logits outweigh the recomputed block and the peak holds the logits, not both
     wide = plan_memory(spec(), model_shape_from_config({**CONFIG, "vocab_size": 64})).learner
-    assert wide.logits == 2 * 1_048_576 and wide.peak == 4 * 4 * (2 * 592 + 1032) + 262_144 + 2 * 1_048_576
+    assert wide.logits == 2 * 786_432 and wide.peak == 4 * 4 * (2 * 592 + 1032) + 262_144 + 2 * 786_432
 
 
 def test_mini_batches_and_the_reference_model_add_a_gradient_free_pass():
@@ -106,11 +106,11 @@ def test_mini_batches_and_the_reference_model_add_a_gradient_free_pass():
     kl = plan_memory(spec(algorithm={"groupSize": 2, "klCoef": 0.1}), SHAPE).learner
     assert kl.reference == 6816
     # a micro-batch without gradient: its final hidden states and one block's temporaries, one chunk's logits
-    assert kl.gradient_free_pass == 2048 * (128 + 16) * 4 + 1_048_576
+    assert kl.gradient_free_pass == 2048 * (128 + 16) * 4 + 786_432
     assert plain.gradient_free_pass == 0  # no mini-batches, no reference, tis: no gradient-free pass runs
     mini = plan_memory(spec(training={"trajectoriesPerStep": 8, "miniBatches": 2}), SHAPE).learner
     assert mini.mini_batch_rows == 4 and mini.logits == plain.logits // 2
-    assert mini.gradient_free_pass == 1024 * (128 + 16) * 4 + 1_048_576 // 2
+    assert mini.gradient_free_pass == 1024 * (128 + 16) * 4 + 786_432 // 2
 
 
 def test_gpu_learner_uses_bfloat16_activations_and_the_gpu_memory():
@@ -118,7 +118,7 @@ def test_gpu_learner_uses_bfloat16_activations_and_the_gpu_memory():
     learner = plan_memory(spec(learner=gpu), SHAPE, gpu_memory=2 * 1024**3).learner
     assert learner.device == "gpu" and learner.budget == 2 * 1024**3
     assert learner.activations_with_checkpointing == 8 * 256 * 160 * 2
-    assert learner.logits == 8 * 256 * 32 * 18  # bfloat16 logits and four float32 copies
+    assert learner.logits == 8 * 256 * 32 * 14  # three float32 copies and the bfloat16 logits' gradient
     offloaded = plan_memory(spec(learner={**gpu, "fsdp": {"cpuOffload": True}}), SHAPE).learner
     assert offloaded.host == 6816 * 4 and offloaded.peak == learner.peak - 6816 * 4
 
@@ -235,7 +235,7 @@ def test_a_chunk_of_logits_is_what_one_float32_copy_fits_in_256_mib():
     wide = model_shape_from_config({**CONFIG, "vocab_size": 151936})
     learner = plan_memory(spec(), wide).learner
     # 441 tokens a chunk; with 8 rows a chunk is 55 positions of each, 440 tokens
-    assert learner.chunk_tokens == 440 and learner.logits == 440 * 151936 * 16
+    assert learner.chunk_tokens == 440 and learner.logits == 440 * 151936 * 12
 
 
 def test_micro_batch_tokens_is_validated():
