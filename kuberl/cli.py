@@ -56,7 +56,7 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
 @main.command("plan")
 @click.argument("job_file", metavar="JOB.yaml")
-@click.option("--model", "model_path", default=None, help="Local model folder instead of spec.model.uri.")
+@click.option("--model", "model_path", default=None, help=MODEL_HELP)
 @click.option("--gpu-memory", default="80Gi", show_default=True, help="Memory of one GPU (a quantity).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--check", is_flag=True, help="Exit 1, saying what to change, when a tier does not fit.")
