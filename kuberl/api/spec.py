@@ -431,8 +431,9 @@ class LearnerSpec(ApiModel):
     replicas: int = Field(1, ge=1, le=4096)
     """Pods, one rank each: the data-parallel world size."""
     image: Image | None = None
-    """Container image of the learner; unset: the operator's default, `<prefix>/learner:<version>` (the chart's
-    jobDefaults; ghcr.io/kuberl/learner:<KubeRL version> out of the box)."""
+    """Container image of the learner; unset: the operator's default when it first applies the job (kept while
+    the job runs), `<prefix>/learner:<version>`: the chart's jobDefaults, ghcr.io/kuberl/learner:<KubeRL version>
+    out of the box."""
     image_pull_secrets: ImagePullSecrets
     """Secrets for pulling the image from a private registry, e.g. [{name: regcred}]; merged with the operator's
     defaults (the chart's jobDefaults.imagePullSecrets)."""
@@ -501,7 +502,8 @@ class RolloutSpec(ApiModel):
     replicas: int = Field(1, ge=1, le=4096)
     """Rollout servers."""
     image: Image | None = None
-    """Container image of the rollout server; unset: the operator's default, `<prefix>/rollout:<version>`."""
+    """Container image of the rollout server; unset: the operator's default when it first applies the job,
+    `<prefix>/rollout:<version>`."""
     image_pull_secrets: ImagePullSecrets
     """Secrets for pulling the image from a private registry, e.g. [{name: regcred}]; merged with the operator's
     defaults."""
@@ -569,9 +571,9 @@ class SandboxSpec(ApiModel):
     """The sandbox tier: autoscaled pods serving isolated code-execution sessions."""
 
     image: Image | None = None
-    """Container image of the sandbox server (from env-images/); unset: the operator's default,
-    `<prefix>/sandbox:<version>`, the base server. Tasks on Python repositories want `<prefix>/sandbox-swe`
-    (git, ripgrep, pytest)."""
+    """Container image of the sandbox server (from env-images/); unset: the operator's default when it first
+    applies the job, `<prefix>/sandbox:<version>`, the base server. Tasks on Python repositories want
+    `<prefix>/sandbox-swe` (git, ripgrep, pytest)."""
     image_pull_secrets: ImagePullSecrets
     """Secrets for pulling the image from a private registry, e.g. [{name: regcred}]; merged with the operator's
     defaults."""

@@ -16,7 +16,7 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec, SandboxAutoscaler
 from kuberl.kube import Kube, object_path
 from kuberl_operator.desired import desired_objects
-from kuberl_operator.images import JobImages
+from kuberl_operator.images import JobImages, running_images
 from kuberl_operator.job_config import build_config_map
 from kuberl_operator.meta import MANAGED_BY, owner_reference
 from kuberl_operator.network_policy import NetworkPeers
@@ -41,10 +41,14 @@ def unsafe_changes(applied: RLJobSpec, new: RLJobSpec) -> list[str]:
 
 def applied_spec(config_map: dict[str, Any] | None) -> RLJobSpec | None:
     """The spec the pods run, from the job's ConfigMap (None before the first apply)."""
+    job_file = applied_job_file(config_map)
+    return None if job_file is None else RLJobSpec.model_validate(job_file.get("spec") or {})
+
+
+def applied_job_file(config_map: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The job file of the job's ConfigMap, as parsed YAML (None before the first apply)."""
     text = ((config_map or {}).get("data") or {}).get(JOB_FILE_KEY)
-    if not text:
-        return None
-    return RLJobSpec.model_validate((yaml.safe_load(text) or {}).get("spec") or {})
+    return (yaml.safe_load(text) or {}) if text else None
 
 
 def contains(existing: Any, desired: Any) -> bool:
@@ -79,9 +83,13 @@ def apply_children(
     A `new` job's children are applied without reading first (half the requests when a thousand jobs arrive
     at once; an apply creates what is missing). `security` is what the cluster lets sandbox pods use and
     `peers` who outside the job its NetworkPolicies admit, `images` the images and pull secrets of tiers that
-    name none (the operator's configuration). Returns 'Kind/name' of what was written."""
+    name none (the operator's configuration). Tiers that name no image keep the one their pods run (the
+    applied job file's). Returns 'Kind/name' of what was written."""
     if scaled_down:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
+    applied_config = None if new else kube.get(config_map_path(job, namespace))
+    images = images or JobImages.from_env()
+    job = images.resolved(job, running_images(applied_job_file(applied_config)))
     owner = owner_reference(job, uid)
     written = []
     tokens = [
@@ -93,7 +101,8 @@ def apply_children(
             if _create(kube, obj) is None:
                 continue  # it exists: never written again
         else:
-            existing = None if new else kube.get(object_path(obj))
+            # the job's one ConfigMap was read above
+            existing = None if new else applied_config if obj["kind"] == "ConfigMap" else kube.get(object_path(obj))
             obj = _without_autoscaled_replicas(job, existing, obj, scaled_down)
             if existing is not None and contains(existing, obj):
                 continue

@@ -74,10 +74,16 @@ class JobImages:
         """The tier's image: spec.<tier>.image, else `<registry>/<tier image>:<tag>`."""
         return getattr(job.spec, tier).image or f"{self.registry}/{TIER_IMAGES[tier]}:{self.tag}"
 
-    def resolved(self, job: RLJob) -> RLJob:
-        """The job with each unset tier image filled in, so that its job file says what its pods run."""
-        tiers = {t: getattr(job.spec, t) for t in TIER_IMAGES}
-        update = {t: s.model_copy(update={"image": self.image(job, t)}) for t, s in tiers.items() if s.image is None}
+    def resolved(self, job: RLJob, running: Mapping[str, str] | None = None) -> RLJob:
+        """The job with each unset tier image filled in, so that its job file says what its pods run:
+        the image `running` names for the tier (what its pods started with), else the default. A new
+        default (an upgrade, another registry) thus never mixes versions within a running job."""
+        running = running or {}
+        update = {
+            tier: section.model_copy(update={"image": running.get(tier) or self.image(job, tier)})
+            for tier in TIER_IMAGES
+            if (section := getattr(job.spec, tier)).image is None
+        }
         return job.model_copy(update={"spec": job.spec.model_copy(update=update)}) if update else job
 
     def pull_secrets_of(self, job: RLJob, tier: str) -> list[dict[str, str]]:
@@ -90,6 +96,13 @@ class JobImages:
         """The pod-spec field this adds: imagePullSecrets, left out when empty."""
         secrets = self.pull_secrets_of(job, tier)
         return {"imagePullSecrets": secrets} if secrets else {}
+
+
+def running_images(job_file: Mapping[str, Any] | None) -> dict[str, str]:
+    """tier -> image of a job file the operator wrote (its ConfigMap's): the images the job's pods run."""
+    spec = (job_file or {}).get("spec") or {}
+    sections = {tier: spec.get(tier) for tier in TIER_IMAGES}
+    return {t: s["image"] for t, s in sections.items() if isinstance(s, dict) and isinstance(s.get("image"), str)}
 
 
 def _check(variable: str, value: str, pattern: str, expected: str) -> None:

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 from conftest import BIN, with_spec
+from helpers.emulator import Api, emulated_api_server, write_kubeconfig
+from kubernetes import config as kube_config
 
 from kuberl import __version__
 from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
+from kuberl.kube import Kube
+from kuberl_operator.apply import apply_children
 from kuberl_operator.config import OperatorConfig
 from kuberl_operator.desired import desired_objects
 from kuberl_operator.images import JobImages, release_tag
@@ -73,6 +78,45 @@ def test_the_job_file_records_the_images_its_pods_run():
 def test_the_local_version_suffix_becomes_a_valid_tag():
     assert release_tag("0.2.0+g1234") == "0.2.0-g1234"
     assert release_tag("0.1.0") == "0.1.0"
+
+
+# ------------------------------------------------------------------------------ running jobs
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Kube]]:
+    with emulated_api_server() as url:
+        kubeconfig = write_kubeconfig(tmp_path_factory.mktemp("images") / "kubeconfig", url, "default")
+        yield Api(url), Kube(kube_config.new_client_from_config(str(kubeconfig)))
+
+
+def stored_pods(api: Api, name: str) -> dict[str, dict[str, Any]]:
+    paths = {
+        "learner": f"/apis/apps/v1/namespaces/default/statefulsets/{name}-learner",
+        "rollout": f"/apis/apps/v1/namespaces/default/statefulsets/{name}-rollout",
+        "sandbox": f"/apis/apps/v1/namespaces/default/deployments/{name}-sandbox",
+    }
+    return {tier: api.get(path)["spec"]["template"]["spec"] for tier, path in paths.items()}
+
+
+def test_a_new_default_never_changes_the_images_of_a_running_job(server):
+    api, kube = server
+    old, new = JobImages(registry="old.example.com/team", tag="1.0.0"), TEAM
+    running = RLJob.model_validate({"metadata": {"name": "running", "namespace": "default"}, "spec": {}})
+    apply_children(kube, running, "default", "uid-running", scaled_down=False, new=True, images=old)
+    # the operator is upgraded, or pointed at another registry, and applies the job again
+    apply_children(kube, running, "default", "uid-running", scaled_down=False, images=new)
+    pods = stored_pods(api, "running")
+    assert {t: p["containers"][0]["image"] for t, p in pods.items()} == {
+        t: f"old.example.com/team/{t}:1.0.0" for t in ("learner", "rollout", "sandbox")
+    }
+    assert all(secrets_of(p) == ["regcred", "mirror-pull"] for p in pods.values())  # pull secrets do follow
+    # what the job names is applied as it changes; a job created now gets the new defaults
+    named = running.model_copy(deep=True)
+    named.spec.rollout.image = "quay.io/me/rollout:dev"
+    apply_children(kube, named, "default", "uid-running", scaled_down=False, images=new)
+    assert stored_pods(api, "running")["rollout"]["containers"][0]["image"] == "quay.io/me/rollout:dev"
+    fresh = running.model_copy(update={"metadata": running.metadata.model_copy(update={"name": "fresh"})})
+    apply_children(kube, fresh, "default", "uid-fresh", scaled_down=False, new=True, images=new)
+    assert stored_pods(api, "fresh")["learner"]["containers"][0]["image"] == "registry.example.com/team/learner:1.2.3"
 
 
 # ------------------------------------------------------------------------------ pull secrets
