@@ -147,7 +147,7 @@ def build(tier: Tier, base_image: str, log=print) -> dict:
         log(f"{tier.name}: reusing {image} (inputs {inputs})")
         return {"image": image, "built": False, "seconds": 0.0}
     command = [
-        "buildah", *STORAGE, "bud", "--isolation", "chroot", "--layers=false", "--quiet",
+        "buildah", *STORAGE, "bud", "--isolation", "chroot", "--layers=false", "--quiet", "--format", "docker",
         "--ignorefile", str(IGNOREFILE), "-f", str(REPO / tier.dockerfile), "-t", image,
         "--label", f"io.kuberl.inputs={inputs}",
     ]  # fmt: skip

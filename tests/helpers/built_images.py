@@ -3,6 +3,9 @@ local container storage lacks it and returns its reference; `image_rootfs` unpac
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -13,6 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 TIERS = ("operator", "sandbox", "learner", "rollout")
 # the storage the builder writes (buildah/podman/skopeo share /var/lib/containers/storage)
 STORAGE = ["--storage-driver", "vfs"]
+# crun fails on this kind of machine's hybrid cgroup layout; runc and cgroupfs work
+PODMAN = ["podman", *STORAGE, "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 TOOLS = ("buildah", "podman", "skopeo", "debootstrap", "runc")
 
 _lock = threading.Lock()
@@ -73,3 +78,34 @@ def image_rootfs(tier: str, dest: Path) -> Path:
     finally:
         subprocess.run(["podman", *STORAGE, "rm", "-f", container], capture_output=True)
     return dest
+
+
+def ulimits() -> list[str]:
+    """nofile and nproc at most 1024 and never above this process's own (raising one needs CAP_SYS_RESOURCE)."""
+    flags = []
+    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        soft = resource.getrlimit(limit)[0]
+        value = 1024 if soft == resource.RLIM_INFINITY else min(1024, soft)
+        flags += ["--ulimit", f"{name}={value}:{value}"]
+    return flags
+
+
+def podman_run(image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 120) -> str:
+    """stdout of a throw-away container of `image` without network; fails the test with its stderr."""
+    command = [*PODMAN, "run", "--rm", "--network", "none", *ulimits(), *options, image, *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)}\nexit {result.returncode}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def image_config(image: str) -> dict:
+    """The image's config (User, Env, Entrypoint, Labels) as podman reads it."""
+    out = subprocess.run([*PODMAN, "image", "inspect", image], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)[0]["Config"]
+
+
+def can_build() -> str | None:
+    """Why this process cannot build images (a reason to skip), or None."""
+    if os.geteuid() != 0:
+        return "building images (debootstrap, buildah with vfs storage) needs root"
+    return None

@@ -1,11 +1,12 @@
-"""The env-image Dockerfiles (which cannot be built here: no Docker engine) reference files that exist,
-pin their bases, install the same dependency versions as pyproject.toml, and every image of the repository
-runs a Python with the tarfile fix of CVE-2025-4517."""
+"""The Dockerfiles reference files that exist, install the same dependency versions as pyproject.toml, build
+FROM the debootstrap base of images/base.py (images/build.py builds them with buildah; tests/images runs
+the built images), and carry the OCI labels and the tag the chart and the operator name."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import sys
 import tomllib
 from pathlib import Path
 
@@ -58,16 +59,18 @@ def test_image_requirements_match_pyproject_pins():
         assert pins.get(name) == version, f"{name}=={version} differs from pyproject.toml ({pins.get(name)})"
 
 
-# ------------------------------------------------------------------------------ the images' Python
-# CVE-2025-4517: tarfile's extraction filters could be bypassed with symlink chains past PATH_MAX, writing
-# outside the destination; sandbox snapshots are restored with tarfile. The first fixed release of each line
-# (3.14.0 shipped fixed); older lines never got the fix.
-TARFILE_FIXED = {(3, 9): 23, (3, 10): 18, (3, 11): 13, (3, 12): 11, (3, 13): 4}
-FIRST_LINE_RELEASED_FIXED = (3, 14)
-OFFICIAL_PYTHON = {"python", "library/python", "docker.io/python", "docker.io/library/python"}
-# Our own images some Dockerfiles build FROM, and where each is built (its Python is checked there).
+# ------------------------------------------------------------------------------ the images' base
+# Every image is built FROM the debootstrap base of images/base.py (Debian bookworm and its python3), or FROM
+# an image of ours that is; its Python is tried inside the built images (tests/images/test_image_python.py).
+BASE = "localhost/kuberl/base:bookworm"
 OWN_IMAGES = {"ghcr.io/kuberl/sandbox": REPO / "env-images/sandbox/Dockerfile"}
 SKIPPED_DIRS = {".venv", "node_modules"}
+TIER_DOCKERFILES = [
+    "operator/Dockerfile",
+    "trainer/Dockerfile",
+    "rollout-server/Dockerfile",
+    "env-images/sandbox/Dockerfile",
+]
 
 
 def all_dockerfiles() -> list[Path]:
@@ -96,92 +99,46 @@ def base_images(dockerfile: Path) -> list[str]:
     return images
 
 
-def repository_and_tag(image: str) -> tuple[str, str]:
-    """("python", "3.11.17-slim-bookworm") of python:3.11.17-slim-bookworm@sha256:...; a registry port is
-    not a tag."""
+def repository(image: str) -> str:
+    """ghcr.io/kuberl/sandbox of ghcr.io/kuberl/sandbox:0.1.0@sha256:...; a registry port is not a tag."""
     name = image.split("@")[0]
-    repository, colon, tag = name.rpartition(":")
-    if not colon or "/" in tag:
-        return name, "latest"
-    return repository, tag
-
-
-def python_release(image: str) -> tuple[int, ...] | None:
-    """(3, 11, 17) of an official Python image pinned to a release, (3, 11) or () of one on a floating tag,
-    None for an image that is not the official Python one."""
-    repository, tag = repository_and_tag(image)
-    if repository not in OFFICIAL_PYTHON:
-        return None
-    match = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?(?=$|[-.])", tag)
-    return tuple(int(part) for part in match.groups() if part is not None) if match else ()
-
-
-def has_the_tarfile_fix(release: tuple[int, ...]) -> bool:
-    if len(release) < 3:  # a floating tag (3.11, 3): no telling which release a build gets
-        return False
-    line, patch = release[:2], release[2]
-    return line >= FIRST_LINE_RELEASED_FIXED or patch >= TARFILE_FIXED.get(line, float("inf"))
-
-
-@pytest.mark.parametrize(
-    ("image", "fixed"),
-    [
-        ("python:3.11.7-slim-bookworm", False),
-        ("python:3.11.12", False),
-        ("python:3.11.13", True),
-        ("python:3.11.17-slim-bookworm@sha256:0a310eeecf4e", True),
-        ("docker.io/library/python:3.10.18-bookworm", True),
-        ("python:3.12.10-slim", False),
-        ("python:3.12.11", True),
-        ("python:3.13.3-alpine", False),
-        ("python:3.13.4", True),
-        ("python:3.14.0-slim", True),
-        ("python:3.9.22", False),
-        ("python:3.8.20", False),
-        ("python:3.11-slim", False),
-        ("python:3", False),
-        ("python", False),
-    ],
-)
-def test_the_release_check_knows_the_fixed_release_of_every_line(image, fixed):
-    assert has_the_tarfile_fix(python_release(image)) is fixed
+    repo, colon, tag = name.rpartition(":")
+    return repo if colon and "/" not in tag else name
 
 
 def test_base_images_resolve_args_and_skip_build_stages():
     assert base_images(REPO / "env-images/swe-python/Dockerfile") == ["ghcr.io/kuberl/sandbox:0.1.0"]
-    assert len(base_images(REPO / "env-images/sandbox/Dockerfile")) == 2  # build stage, then the image
-    assert python_release("localhost:5000/python") is None and python_release("ghcr.io/kuberl/sandbox:0.1.0") is None
+    assert base_images(REPO / "env-images/sandbox/Dockerfile") == [BASE, BASE]  # build stage, then the image
+    assert repository("localhost:5000/python") == "localhost:5000/python"
 
 
 def test_every_dockerfile_is_found():
     found = {str(p.relative_to(REPO)) for p in all_dockerfiles()}
-    assert {
-        "env-images/sandbox/Dockerfile",
-        "env-images/swe-python/Dockerfile",
-        "operator/Dockerfile",
-        "rollout-server/Dockerfile",
-        "trainer/Dockerfile",
-    } <= found
+    assert {*TIER_DOCKERFILES, "env-images/swe-python/Dockerfile"} <= found
+
+
+def test_the_base_the_dockerfiles_default_to_is_the_builders():
+    sys.path.insert(0, str(REPO / "images"))
+    try:
+        import base
+    finally:
+        sys.path.remove(str(REPO / "images"))
+    assert f"{base.REPOSITORY}:{base.SUITE}" == BASE
 
 
 @pytest.mark.parametrize("dockerfile", all_dockerfiles(), ids=lambda p: str(p.parent.relative_to(REPO)))
-def test_every_image_runs_a_python_with_the_tarfile_fix(dockerfile):
+def test_every_image_builds_from_the_debootstrap_base(dockerfile):
     for image in base_images(dockerfile):
-        release = python_release(image)
-        if release is None:
-            # an image of ours is checked where it is built; any other base would hide its Python from here
-            assert repository_and_tag(image)[0] in OWN_IMAGES, f"{image}: cannot tell its Python; use python:X.Y.Z"
-            continue
-        assert has_the_tarfile_fix(release), (
-            f"{dockerfile.relative_to(REPO)}: {image} lacks the fix of CVE-2025-4517 (tarfile filter bypass); pin "
-            f"a release at least {'.'.join(map(str, release[:2]))}.{TARFILE_FIXED.get(release[:2], '?')}"
-        )
+        while (own := OWN_IMAGES.get(repository(image))) is not None:
+            image = base_images(own)[-1]
+        assert image == BASE, f"{dockerfile.relative_to(REPO)}: FROM {image}; build FROM ${{BASE}} ({BASE})"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_every_env_image_ends_in_a_python_with_the_tarfile_fix(dockerfile):
-    # follows FROM through our own images (swe-python is FROM ${BASE}, the sandbox image)
-    image = base_images(dockerfile)[-1]
-    while (own := OWN_IMAGES.get(repository_and_tag(image)[0])) is not None:
-        image = base_images(own)[-1]
-    assert has_the_tarfile_fix(python_release(image) or ()), f"{dockerfile.parent.name} ends in {image}"
+@pytest.mark.parametrize("dockerfile", TIER_DOCKERFILES)
+def test_every_tier_image_is_labelled_and_tagged_as_the_chart_names_it(dockerfile):
+    text = (REPO / dockerfile).read_text()
+    labels = " ".join(rest for kw, rest in instructions(REPO / dockerfile) if kw == "LABEL")
+    for key in ("version", "revision", "source", "title", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels, f"{dockerfile}: no {key} label"
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
+    assert re.search(r"docker build .* -t ghcr\.io/kuberl/[a-z]+:[0-9][\w.-]* \.", text), f"{dockerfile}: no tag line"
