@@ -89,7 +89,7 @@ crds: install ## Regenerate crds/rljob.yaml, the chart's copy, docs/rljob.md and
 	$(VENV)/bin/kuberl crds --output crds/rljob.yaml
 	cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml
 	$(VENV)/bin/kuberl crds --reference --output docs/rljob.md
-	$(PY) -m kuberl.cli_reference docs/cli.md
+	$(VENV)/bin/kuberl crds --commands --output docs/cli.md
 
 # TIERS: a comma-separated subset of operator,learner,rollout,sandbox; PUSH: a registry prefix to copy them to
 TIERS ?= operator,learner,rollout,sandbox

@@ -145,9 +145,12 @@ def _print_plan(name: str, plan, shape) -> None:
     "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to a file instead of stdout."
 )
 @click.option("--reference", is_flag=True, help="The Markdown field reference (docs/rljob.md) instead of the CRD.")
-def crds(output: str | None, reference: bool) -> None:
+@click.option("--commands", is_flag=True, help="The Markdown command reference (docs/cli.md) instead of the CRD.")
+def crds(output: str | None, reference: bool, commands: bool) -> None:
     """Print the RLJob CustomResourceDefinition generated from the API models."""
-    text = reference_markdown() if reference else rljob_crd_yaml()
+    from kuberl.cli_reference import cli_markdown
+
+    text = cli_markdown(main) if commands else reference_markdown() if reference else rljob_crd_yaml()
     if output:
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)

@@ -1,14 +1,12 @@
 """The command reference (docs/cli.md), generated from the command line itself so it cannot drift.
 
-Write it with `python -m kuberl.cli_reference docs/cli.md` (`make crds` does); tests/cli/test_cli_reference.py
-keeps the file current and every option documented."""
+`kuberl crds --commands --output docs/cli.md` writes it (`make crds` does); tests/cli/test_cli_reference.py keeps
+the file current and every option documented."""
 
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import click
 
@@ -48,7 +46,7 @@ def command_section(full_name: str, command: click.Command, ctx: click.Context) 
         record
         for param in command.get_params(ctx)
         if isinstance(param, click.Option)
-        and param.name != "help"
+        and "--help" not in param.opts
         and (record := param.get_help_record(ctx)) is not None
     ]
     if rows:
@@ -72,9 +70,3 @@ def undocumented_options(group: click.Group, name: str = "kuberl") -> list[str]:
         for param in command.get_params(ctx)
         if isinstance(param, click.Option) and not param.hidden and not param.help
     ]
-
-
-if __name__ == "__main__":
-    from kuberl.cli import main
-
-    Path(sys.argv[1]).write_text(cli_markdown(main))
