@@ -54,8 +54,21 @@ def ensure(log=print) -> str:
             rootfs = Path(tmp) / "rootfs"
             _bootstrap(rootfs)
             _commit(rootfs, image)
+        _remove_stale(image)
     subprocess.run(["buildah", *STORAGE, "tag", image, f"{REPOSITORY}:{SUITE}"], check=True, capture_output=True)
     return image
+
+
+def _remove_stale(current: str) -> None:
+    """Untag the bases of earlier inputs (a tier image built on one keeps its layers)."""
+    listing = subprocess.run(
+        ["buildah", *STORAGE, "images", "--format", "{{.Name}}:{{.Tag}}", REPOSITORY],
+        capture_output=True,
+        text=True,
+    )
+    for image in listing.stdout.split():
+        if image.startswith(f"{REPOSITORY}:{SUITE}-") and image != current:
+            subprocess.run(["buildah", *STORAGE, "rmi", image], capture_output=True)
 
 
 def _bootstrap(rootfs: Path) -> None:

@@ -101,6 +101,21 @@ def image_labels(image: str) -> dict[str, str]:
     return (json.loads(out.stdout)["OCIv1"]["config"].get("Labels") or {}) if out.returncode == 0 else {}
 
 
+def image_id(image: str) -> str | None:
+    out = subprocess.run(
+        ["buildah", *STORAGE, "inspect", "--type", "image", "--format", "{{.FromImageID}}", image],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def image_size(image: str) -> int:
+    """The image's size in bytes, as podman counts it (its layers, uncompressed)."""
+    out = subprocess.run(["podman", *STORAGE, "image", "inspect", "--format", "{{.Size}}", image], capture_output=True)
+    return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+
+
 def find_links() -> list[Path]:
     """The wheel folders pip is configured with (pip.conf's find-links, PIP_FIND_LINKS)."""
     config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
@@ -157,8 +172,12 @@ def build(tier: Tier, base_image: str, log=print) -> dict:
     for key, value in {**build_args, "VERSION": version(), "REVISION": revision()}.items():
         command += ["--build-arg", f"{key}={value}"]
     log(f"{tier.name}: building {image} from {tier.dockerfile}")
+    previous = image_id(image)
     started = time.monotonic()
     subprocess.run([*command, str(REPO)], check=True, stdout=subprocess.DEVNULL)
+    if previous and previous != image_id(image):
+        # vfs keeps whole copies: the untagged previous build would only take disk (kept while a container uses it)
+        subprocess.run(["buildah", *STORAGE, "rmi", previous], capture_output=True)
     return {"image": image, "built": True, "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -205,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     base_image = base.ensure()
     seconds = round(time.monotonic() - started, 1)
     report = {"base": {"image": base_image, "built": not base_was_there, "seconds": seconds}}
+    report["base"]["size_bytes"] = image_size(base_image)
     for tier in args.tiers:
         report[tier.name] = build(tier, base_image)
+        report[tier.name]["size_bytes"] = image_size(report[tier.name]["image"])
         if args.push:
             target = push_target(args.push, tier.name)
             push(report[tier.name]["image"], target)
