@@ -4,7 +4,10 @@ The operator runs unchanged (`kuberl operator`) against the emulated API server;
 (tests/cluster/kubelet.py) runs the pods it creates, each in its own network namespace, from the very
 commands, environment, volumes, Service names and probes the builders render; SeaweedFS is the S3 store;
 the real `kubectl` drives it all as a user would. A tiny Llama trains for a few steps on CPU.
-What this stands in for, and what it does not model, is in docs/operator.md ("The end-to-end suite").
+The sandbox pods run from the sandbox's real image (built once by tests/helpers/built_images.py; the checkout
+stands in where this machine cannot build images) and isolate sessions as in production; the learner and
+rollout pods run from the checkout. What this stands in for, and what it does not model, is in
+docs/operator.md ("The end-to-end suite").
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
-from cluster.kubelet import NodeAgent, node_unavailable
+from cluster.image_store import built_or_none
+from cluster.kubelet import CHECKOUT, NodeAgent, node_unavailable
 from helpers.emulator import HANDLERS, Api, OperatorProcess, emulated_api_server
 from helpers.kubectl import KUBECTL, Kubectl, table_rows
 from helpers.polling import wait_for
+from helpers.sandbox_http import open_session, run
 from helpers.seaweedfs import seaweedfs
 from helpers.tiny_job import tiny_job_spec
 
@@ -49,6 +55,7 @@ MODEL_URI = "s3://models/tiny"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """S3 with the tiny model in it, the emulated API server, a node agent and the operator; kubectl."""
     folder = tmp_path_factory.mktemp("e2e")
+    sandbox_image = built_or_none("sandbox")
     model = build_tiny_model(folder / "model", hidden_size=64, layers=2, seed=4)
     with seaweedfs() as s3, emulated_api_server() as url:
         client = s3.client()
@@ -58,7 +65,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             client.upload_file(str(path), "models", f"tiny/{path.name}")
         s3_port = int(s3.endpoint.rsplit(":", 1)[1])
         # the pods' image would be the CPU build of the rollout image: vLLM's KV cache sized for a test
-        with NodeAgent(url, folder / "node", host_ports=(s3_port,), extra_env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as node:
+        local = {sandbox_image: sandbox_image} if sandbox_image else {}
+        extra_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        with NodeAgent(url, folder / "node", host_ports=(s3_port,), extra_env=extra_env, local_images=local) as node:
             kubectl = Kubectl(url, folder, NS)
             environment = {
                 "KUBERL_OPERATOR_INTERVAL": "1",
@@ -75,6 +84,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                     "s3": s3,
                     "endpoint": f"http://{node.gateway}:{s3_port}",
                     "folder": folder,
+                    "sandbox_image": sandbox_image,
                 }
             finally:
                 operator.stop()
@@ -83,12 +93,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         assert not node.errors, node.errors
 
 
-def manifest(name: str, endpoint: str, steps: int = STEPS, **sections: dict[str, Any]) -> str:
+def manifest(cluster: dict[str, Any], name: str, steps: int = STEPS, **sections: dict[str, Any]) -> str:
+    if cluster["sandbox_image"]:
+        sections = {"sandbox": {"image": cluster["sandbox_image"]}, **sections}
     spec = tiny_job_spec(MODEL_URI, **sections)
     spec["training"]["totalSteps"] = steps
     spec["checkpoint"] = {
         "uri": f"s3://checkpoints/{name}",
-        "endpointUrl": endpoint,
+        "endpointUrl": cluster["endpoint"],
         "credentialsSecret": "s3-credentials",
         "intervalSteps": 2,
         "keep": 3,
@@ -159,7 +171,7 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     began = time.monotonic()
     apply_credentials(cluster)
     path = folder / "e2e.yaml"
-    path.write_text(manifest("e2e", cluster["endpoint"]))
+    path.write_text(manifest(cluster, "e2e"))
     assert kubectl("apply", "-f", str(path)).strip() == "rljob.kuberl.io/e2e created"
 
     wait_for("e2e Running", lambda: status(api, "e2e").get("phase") == "Running", 300)
@@ -173,6 +185,8 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     )
     for name, port in (("e2e-learner-0", "metrics"), ("e2e-rollout-0", "http"), (sandbox, "http")):
         assert "# TYPE kuberl_" in scrape(pod(api, name), port), name
+    if cluster["sandbox_image"]:
+        assert_sandbox_from_its_image(cluster, sandbox)
 
     # a rollout pod lost mid-run: its StatefulSet replaces it, the learner waits for it, no step is lost
     lost = pod(api, "e2e-rollout-0")["metadata"]["uid"]
@@ -228,6 +242,24 @@ def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch)
     assert not [n for n in listed if n.split("/")[1].startswith("e2e-")]
 
 
+def assert_sandbox_from_its_image(cluster: dict[str, Any], name: str) -> None:
+    """The sandbox pod runs the image's files (the checkout is out of its sight) and isolates a session as
+    in production: the session's own unprivileged uid, and a network namespace with only its loopback."""
+    node, obj = cluster["node"], pod(cluster["api"], name)
+    assert obj["status"]["containerStatuses"][0]["image"] == cluster["sandbox_image"]
+    root = node.container_root(name)
+    assert (root / "opt" / "kuberl" / "bin" / "python3").exists() and not (root / str(CHECKOUT)[1:]).exists()
+    runner = next(r for r in list(node.pods.values()) if r.name == name)
+    token = runner.containers[0].env["KUBERL_SANDBOX_TOKEN"]
+    url = f"http://{obj['status']['podIP']}:8700"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        sid = open_session(http, {"taskId": "isolation", "prompt": "p", "files": {"a.txt": "x\n"}})
+        output = run(http, sid, "id -u; tail -n +3 /proc/net/dev | cut -d: -f1")["output"]
+        http.delete(f"/v1/sessions/{sid}")
+    uid, *interfaces = output.split()
+    assert int(uid) != 0 and interfaces == ["lo"], output
+
+
 def learner_runs(folder: Path, job: str) -> list[list[dict[str, Any]]]:
     """What the learner logged (its JSON lines), one list per start of its container, across its pods."""
     runs: list[list[dict[str, Any]]] = []
@@ -279,7 +311,7 @@ def test_kill_the_learner_suspend_resume_and_stop_at_the_wall_clock(cluster, mon
     began = time.monotonic()
     apply_credentials(cluster)
     path = folder / f"{job}.yaml"
-    path.write_text(manifest(job, cluster["endpoint"], steps=1000))
+    path.write_text(manifest(cluster, job, steps=1000))
     kubectl("apply", "-f", str(path))
     store = checkpoint_store(cluster, f"s3://checkpoints/{job}", monkeypatch)
     timings: dict[str, float] = {}
