@@ -1,7 +1,8 @@
 """`kuberl plan`'s learner estimate against the measured CPU peak of real train steps: two tiny Llamas (built
 here, offline, with vocabularies wide enough that the log-probs run in several chunks), two context lengths,
-micro-batches of one row and of the whole mini-batch, activation checkpointing off and on. Goal: every
-estimate within +-25 % of the measurement.
+micro-batches of one row and of the whole mini-batch, activation checkpointing off and on, and with the
+gradient-free passes (two mini-batches, a KL to a frozen reference). Goal: every estimate within +-25 % of
+the measurement.
 
 Each case runs in a fresh Python process (torch's CPU allocations are invisible to tracemalloc; torch keeps
 no allocator statistics on CPU, so the kernel's resident-set high-water mark is read): it runs the whole
@@ -69,7 +70,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure_case(model_dir: str, tokens: int, checkpointing: bool, budget: int) -> dict[str, int]:
+def measure_case(model_dir: str, tokens: int, checkpointing: bool, budget: int, passes: bool) -> dict[str, int]:
     """In this (fresh) process: bytes the second of two train steps takes at its peak above the baseline."""
     import torch
 
@@ -96,21 +97,31 @@ def measure_case(model_dir: str, tokens: int, checkpointing: bool, budget: int) 
     # The whole learner once, on one row, then dropped: what a process sets up once whatever the model
     # (the modules that loading, AdamW and the step import, torch's kernels and thread pools: 14-17 MB here)
     # is in the baseline, not in the step's bytes, which are what the plan estimates.
-    model, optimizer, batch = learner(1)
-    train_step(model, optimizer, batch, LossConfig(), 1.0, 1, micro_batch_tokens=budget)
+    # with `passes`: two mini-batches (old log-probs) and a KL to a frozen reference, two gradient-free passes
+    config, mini_batches = (LossConfig(kl_coef=0.1), 2) if passes else (LossConfig(), 1)
+
+    def step(model, optimizer, batch, reference) -> None:
+        train_step(model, optimizer, batch, config, 1.0, 1, mini_batches, reference, micro_batch_tokens=budget)
+
+    def frozen():
+        return load_policy(model_dir, FsdpSpec(activation_checkpointing=False), torch.device("cpu"), trainable=False)
+
+    model, optimizer, batch = learner(2 if passes else 1)
+    step(model, optimizer, batch, frozen() if passes else None)
     del model, optimizer, batch
     gc.collect()
     baseline = _status_kib("VmRSS") * 1024
     model, optimizer, batch = learner(ROWS)
-    train_step(model, optimizer, batch, LossConfig(), 1.0, 1, micro_batch_tokens=budget)
+    reference = frozen() if passes else None
+    step(model, optimizer, batch, reference)
     settled = _status_kib("VmRSS") * 1024
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
-    train_step(model, optimizer, batch, LossConfig(), 1.0, 1, micro_batch_tokens=budget)
+    step(model, optimizer, batch, reference)
     peak = _status_kib("VmHWM") * 1024
     return {"baseline_bytes": baseline, "between_steps_bytes": settled - baseline, "measured_bytes": peak - baseline}
 
 
-def estimate(model_dir: Path, tokens: int, checkpointing: bool, budget: int):
+def estimate(model_dir: Path, tokens: int, checkpointing: bool, budget: int, passes: bool):
     from kuberl.api.spec import RLJobSpec
     from kuberl.planning import plan_learner, read_model_shape
 
@@ -119,8 +130,8 @@ def estimate(model_dir: Path, tokens: int, checkpointing: bool, budget: int):
         {
             "model": {"uri": str(model_dir), "maxContextTokens": tokens},
             "environment": {"maxTokensPerTrajectory": tokens},
-            "algorithm": {"groupSize": 2},
-            "training": {"trajectoriesPerStep": ROWS},
+            "algorithm": {"groupSize": 2, "klCoef": 0.1 if passes else 0.0},
+            "training": {"trajectoriesPerStep": ROWS, "miniBatches": 2 if passes else 1},
             "learner": {
                 "replicas": 1,
                 "resources": cpu,
@@ -141,24 +152,34 @@ def run() -> dict[str, object]:
                 for budget_name in BUDGETS:
                     budget = tokens if budget_name == "row" else ROWS * tokens
                     for checkpointing in (False, True):
-                        cases.append(measure(name, model_dir, tokens, checkpointing, budget_name, budget))
+                        cases.append(measure(name, model_dir, tokens, checkpointing, budget_name, budget, False))
+            # the gradient-free passes and the reference model: the longer context, a micro-batch of a mini-batch
+            tokens = size["contexts"][-1]
+            for checkpointing in (False, True):
+                cases.append(measure(name, model_dir, tokens, checkpointing, "mini-batch", 2 * tokens, True))
     return {"cases": cases, "all_within_25_percent": all(c["within_25_percent"] for c in cases)}
 
 
-def measure(name: str, model_dir: Path, tokens: int, checkpointing: bool, budget_name: str, budget: int) -> dict:
+def measure(
+    name: str, model_dir: Path, tokens: int, checkpointing: bool, budget_name: str, budget: int, passes: bool
+) -> dict:
     started = time.perf_counter()
     argv = [sys.executable, __file__, "--case", str(model_dir), str(tokens), str(int(checkpointing)), str(budget)]
+    argv.append(str(int(passes)))
     child = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **MALLOC})
     if child.returncode != 0:
         raise RuntimeError(f"{name} T={tokens}: {child.stderr[-2000:]}")
     measured = json.loads(child.stdout.strip().splitlines()[-1])
-    plan = estimate(model_dir, tokens, checkpointing, budget)
+    plan = estimate(model_dir, tokens, checkpointing, budget, passes)
     case = {
         "model": name,
         "parameters": plan.weights // 4,
         "context_tokens": tokens,
         "rows": ROWS,
         "micro_batch": budget_name,
+        "gradient_free_passes": "old log-probs (2 mini-batches) and a reference (klCoef 0.1)" if passes else "none",
+        "estimate_gradient_free_pass_bytes": plan.gradient_free_pass,
+        "estimate_reference_bytes": plan.reference,
         "micro_batch_tokens": plan.micro_batch_tokens,
         "chunk_tokens": plan.chunk_tokens,
         "activation_checkpointing": checkpointing,
@@ -172,8 +193,9 @@ def measure(name: str, model_dir: Path, tokens: int, checkpointing: bool, budget
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(
-        f"[bench]   {name} T={tokens} micro-batch={budget_name} checkpointing={checkpointing}: estimate "
-        f"{plan.peak / 2**20:.1f} MiB, measured {measured['measured_bytes'] / 2**20:.1f} MiB, ratio {case['ratio']}",
+        f"[bench]   {name} T={tokens} micro-batch={budget_name} checkpointing={checkpointing} passes={passes}: "
+        f"estimate {plan.peak / 2**20:.1f} MiB, measured {measured['measured_bytes'] / 2**20:.1f} MiB, "
+        f"ratio {case['ratio']}",
         flush=True,
     )
     return case
@@ -189,7 +211,7 @@ def cpu_model() -> str:
 def main() -> int:
     if sys.argv[1:2] == ["--case"]:
         model_dir, tokens, checkpointing, budget = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-        print(json.dumps(measure_case(model_dir, tokens, checkpointing, budget)))
+        print(json.dumps(measure_case(model_dir, tokens, checkpointing, budget, sys.argv[6] == "1")))
         return 0
     sys.path.insert(0, str(HERE))
     from run import commit, machine
