@@ -73,8 +73,9 @@ def prune() -> None:
     """Remove the root filesystems of images no name points at any more (rebuilt under the same tag):
     each is a full copy of its image."""
     # `images --json` gives short ids, `containers --json` full ones
-    named = {image["id"][:12] for image in json.loads(buildah("images", "--json") or "[]") if image.get("names")}
-    for container in json.loads(buildah("containers", "--json") or "[]"):
+    images = json.loads(buildah("images", "--json") or "null") or []  # none: `null`
+    named = {image["id"][:12] for image in images if image.get("names")}
+    for container in json.loads(buildah("containers", "--json") or "null") or []:
         if container["containername"].startswith(PREFIX) and container["imageid"][:12] not in named:
             buildah("rm", container["id"])
 
