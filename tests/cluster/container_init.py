@@ -4,10 +4,12 @@
         PYTHON container_init.py SPEC.json
 
 so it starts as PID 1 of a fresh PID namespace, in a mount and UTS namespace of its own and the pod's network
-namespace. It does what a container runtime does before the entrypoint: mounts a fresh /run and the pod's
-volumes at their mount paths (bind mounts, a tmpfs for `medium: Memory`), makes the root filesystem read-only when the
-container asks for it, sets the hostname, drops to the container's user and groups, and execs the command
-(PID 1 stays the container's process, as in a container: SIGTERM reaches it only if it handles it).
+namespace. It does what a container runtime does before the entrypoint: makes the image's root filesystem the
+container's root when the image is a real one (enter_image; else the node's root, with the checkout standing in),
+mounts a fresh /run and the pod's volumes at their mount paths (bind mounts, a tmpfs for `medium: Memory`),
+makes the root filesystem read-only when the container asks for it, sets the hostname, drops to the
+container's user and groups, and execs the command (PID 1 stays the container's process, as in a container:
+SIGTERM reaches it only if it handles it).
 """
 
 from __future__ import annotations
