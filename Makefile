@@ -44,8 +44,9 @@ $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 # allow). slirp4netns opens /dev/net/tun as the session's user: the node default on most distributions is 0666.
 SANDBOX_TOOLS := ip:iproute2 nft:nftables slirp4netns:slirp4netns
 
-# Images (make images and their tests): debootstrap makes the base, buildah assembles, podman runs, skopeo pushes.
-IMAGE_TOOLS := buildah:buildah podman:podman runc:runc skopeo:skopeo debootstrap:debootstrap
+# Images (make images and their tests): debootstrap makes the base, buildah assembles, podman runs, skopeo pushes;
+# a static busybox is the whole of the node agent test's small image (tests/cluster/test_node_agent.py).
+IMAGE_TOOLS := buildah:buildah podman:podman runc:runc skopeo:skopeo debootstrap:debootstrap busybox:busybox-static
 
 # promtool (alert rules) and prometheus (the live scrape test): a promtool on PATH is used, else the two binaries
 # of Debian's package go into .venv/bin, without its daemon's service, user and web assets.
