@@ -100,7 +100,8 @@ def server_pod(name: str, **spec: Any) -> dict[str, Any]:
 ENTRYPOINT = r"""mkdir -p /tmp/www && pwd > /tmp/www/pwd && cd /tmp/www
 id -u > uid; id -g > gid; id -G > groups; ls / > root
 echo "$FROM_IMAGE $GREETING $PATH" > env
-cat /etc/demo/hello.txt > volume; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace > account
+cat /etc/demo/hello.txt > volume; cat /etc/secret/token > secret
+cat /var/run/secrets/kubernetes.io/serviceaccount/namespace > account
 ln -s /etc/hosts hosts
 (echo x > /written) 2>/dev/null && echo writable > rootfs || echo read-only > rootfs
 echo $$ > pid; touch ready
@@ -323,6 +324,7 @@ def test_a_pod_from_an_image_runs_its_entrypoint_as_its_user_with_its_volumes(no
                     "env": [{"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "greeting"}}}],
                     "volumeMounts": [
                         {"name": "config", "mountPath": "/etc/demo", "readOnly": True},
+                        {"name": "secret", "mountPath": "/etc/secret", "readOnly": True},
                         {"name": "tmp", "mountPath": "/tmp"},
                     ],
                     "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
@@ -331,6 +333,7 @@ def test_a_pod_from_an_image_runs_its_entrypoint_as_its_user_with_its_volumes(no
             ],
             "volumes": [
                 {"name": "config", "configMap": {"name": "cm", "items": [{"key": "greeting", "path": "hello.txt"}]}},
+                {"name": "secret", "secret": {"secretName": "sec"}},
                 {"name": "tmp", "emptyDir": {}},
             ],
         },
@@ -347,7 +350,7 @@ def test_a_pod_from_an_image_runs_its_entrypoint_as_its_user_with_its_volumes(no
         "env": "yes hi /bin",  # its ENV, the pod's env
         "pid": "1",  # the entrypoint is PID 1
     }
-    assert get(f"{base}/volume") == "hi"
+    assert (get(f"{base}/volume"), get(f"{base}/secret")) == ("hi", "s3cr3t")
     assert get(f"{base}/account") == NS  # the token volume, through the image's /var/run -> /run link
     wait_for("the pod's own name in its /etc/hosts", lambda: "from-image" in get(f"{base}/hosts"), 10)
     assert get(f"{base}/rootfs") == "read-only\n"
