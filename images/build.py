@@ -151,14 +151,14 @@ def host_ca_bundle() -> Path | None:
     return None
 
 
-def build(tier: Tier, base_image: str, log=print) -> dict:
+def build(tier: Tier, base_image: str, rebuild: bool = False, log=print) -> dict:
     """Build one tier's image unless the storage already holds it from the same inputs; returns what was done."""
     image = reference(tier.name)
     build_args = {"BASE": base_image, **tier.cpu_args}
     if "TORCH" in build_args:
         stage_wheel(build_args["TORCH"])
     inputs = inputs_digest(tier, build_args)
-    if image_labels(image).get("io.kuberl.inputs") == inputs:
+    if not rebuild and image_labels(image).get("io.kuberl.inputs") == inputs:
         log(f"{tier.name}: reusing {image} (inputs {inputs})")
         return {"image": image, "built": False, "seconds": 0.0}
     command = [
@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiers", type=parse_tiers, default=list(TIERS.values()), help=",".join(TIERS))
     parser.add_argument("--push", metavar="REGISTRY/PREFIX", help="copy each image to docker://PREFIX/<tier>:<version>")
     parser.add_argument("--print-reference", metavar="TIER", choices=list(TIERS), help="print a tier's image name")
+    parser.add_argument("--rebuild", action="store_true", help="build the tiers even where a current image exists")
     parser.add_argument("--report", type=Path, help="write what was built (image, seconds, size) as JSON here")
     args = parser.parse_args(argv)
     if args.print_reference:
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"base": {"image": base_image, "built": not base_was_there, "seconds": seconds}}
     report["base"]["size_bytes"] = image_size(base_image)
     for tier in args.tiers:
-        report[tier.name] = build(tier, base_image)
+        report[tier.name] = build(tier, base_image, rebuild=args.rebuild)
         report[tier.name]["size_bytes"] = image_size(report[tier.name]["image"])
         if args.push:
             target = push_target(args.push, tier.name)

@@ -4,9 +4,9 @@ the built images), and carry the OCI labels and the tag the chart and the operat
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
-import sys
 import tomllib
 from pathlib import Path
 
@@ -118,11 +118,10 @@ def test_every_dockerfile_is_found():
 
 
 def test_the_base_the_dockerfiles_default_to_is_the_builders():
-    sys.path.insert(0, str(REPO / "images"))
-    try:
-        import base
-    finally:
-        sys.path.remove(str(REPO / "images"))
+    spec = importlib.util.spec_from_file_location("kuberl_images_base", REPO / "images/base.py")
+    assert spec and spec.loader
+    base = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(base)
     assert f"{base.REPOSITORY}:{base.SUITE}" == BASE
 
 
