@@ -151,3 +151,22 @@ def test_several_ranks_with_different_micro_batch_counts_train_like_one(model_di
     one, two = run(1, 0), run(2, 40)
     assert len(one) == 3 and one[0] != one[-1]
     assert two == pytest.approx(one, abs=1e-5)
+
+
+def test_the_learner_takes_the_budget_the_plan_prints(model_dir):
+    from kuberl.api.spec import RLJobSpec
+    from kuberl.planning import plan_learner, read_model_shape
+    from kuberl_trainer.policy import micro_batch_tokens
+
+    doc = {
+        "model": {"uri": str(model_dir), "maxContextTokens": 1024},
+        "environment": {"maxTokensPerTrajectory": 1024},
+        "algorithm": {"groupSize": 2},
+        "training": {"trajectoriesPerStep": 512},
+        "learner": {"resources": {"limits": {"memory": "2Gi"}}},
+    }
+    spec = RLJobSpec.model_validate(doc)
+    default = micro_batch_tokens(spec, str(model_dir), torch.device("cpu"))
+    assert default == plan_learner(spec, read_model_shape(str(model_dir))).token_budget > 1024
+    doc["learner"]["microBatchTokens"] = 4096
+    assert micro_batch_tokens(RLJobSpec.model_validate(doc), str(model_dir), torch.device("cpu")) == 4096
