@@ -25,6 +25,50 @@ import sys
 # an image need not have one
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MNT_DETACH = 2
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+CAPABILITIES = [  # by number, as linux/capability.h has them
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+]
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 LIBC = ctypes.CDLL(None, use_errno=True)
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "net/tun")
@@ -111,6 +155,24 @@ def enter_image(spec: dict) -> None:
         sys_mount("none", "/run", flags=MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_RDONLY)
 
 
+def limit_privileges(spec: dict) -> None:
+    """Keep only the container's capabilities in the bounding set (what root's programs get at exec; another
+    uid gets none) and set no_new_privs when privilege escalation is off, as a runtime does."""
+    if spec.get("capabilities") is not None:
+        unknown = set(spec["capabilities"]) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"securityContext.capabilities: unknown {sorted(unknown)}")
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+        dropped = [n for n in range(last + 1) if n >= len(CAPABILITIES) or CAPABILITIES[n] not in spec["capabilities"]]
+        for number in dropped:
+            if LIBC.prctl(PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"dropping capability {number}")
+        LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if spec.get("noNewPrivileges") and LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+
+
 def enter_checkout(spec: dict) -> None:
     """The node's own root, with the checkout's virtual environment standing in for the image."""
     for exposed in spec.get("expose") or []:  # a folder under a 0700 parent (the interpreter under /root)
@@ -153,6 +215,7 @@ def main(spec_file: str) -> None:
     with open("/proc/sys/kernel/hostname", "w") as f:
         f.write(spec["hostname"])
     os.chdir(spec.get("workdir") or "/")
+    limit_privileges(spec)
     if spec.get("gid") is not None:
         os.setgroups(spec.get("groups") or [])
         os.setgid(spec["gid"])

@@ -13,7 +13,8 @@ suite"); in short:
   ClusterIP Service resolves to one ready pod's address); each container: its own mount, UTS and PID
   namespaces (PID 1 is the container's process), the pod's ConfigMap, Secret, emptyDir and service-account
   token volumes bind-mounted at their mount paths, a read-only root filesystem when asked, the container's
-  uid, gid and groups (fsGroup included); no capabilities, seccomp, cgroups or resource limits;
+  uid, gid and groups (fsGroup included); from an image, also its capabilities (a runtime's default set,
+  securityContext's drop and add) and no_new_privs; no seccomp, cgroups or resource limits;
 - the environment: the image's ENV, `env` with `value`/`valueFrom` (fieldRef, secretKeyRef,
   configMapKeyRef) and `$(VAR)` references, `envFrom`, and the in-cluster API address; no service links;
 - status: phase, podIP, hostIP, container states, restarts and the Ready conditions, with startup,
@@ -73,6 +74,37 @@ TICK_S = 0.2
 INTERPRETER_HOME = Path(sys.base_prefix).parents[1]  # e.g. /root/.pyenv
 # the checkout whose virtual environment stands in for the images (its scripts name it by absolute path)
 CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+# the capabilities a container runtime (containerd, CRI-O) gives a container that names none
+RUNTIME_CAPABILITIES = frozenset(
+    [
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "NET_RAW",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    ]
+)
+
+
+def capabilities(context: dict[str, Any]) -> list[str] | None:
+    """The capabilities a container keeps by its securityContext; None: all of them (privileged)."""
+    if context.get("privileged"):
+        return None
+    caps = context.get("capabilities") or {}
+    drop = {c.upper().removeprefix("CAP_") for c in caps.get("drop") or []}
+    kept = set() if "ALL" in drop else set(RUNTIME_CAPABILITIES) - drop
+    return sorted(kept | {c.upper().removeprefix("CAP_") for c in caps.get("add") or []})
 
 
 def node_unavailable() -> str | None:
@@ -330,16 +362,20 @@ class PodRunner:
             staging = self.dir / "checkout"
             staging.mkdir(exist_ok=True)
             keep.append({"path": str(CHECKOUT), "staging": str(staging)})
+        context = c.spec.get("securityContext") or {}
         spec = {
             "argv": argv,
             "env": c.env,
             "mounts": mounts,
             "expose": expose,
             "keep": keep,
-            "readOnlyRoot": (c.spec.get("securityContext") or {}).get("readOnlyRootFilesystem", False),
+            "readOnlyRoot": context.get("readOnlyRootFilesystem", False),
             "hostname": self.spec.get("hostname") or self.name,
             "workdir": c.spec.get("workingDir") or image.workdir,
             "rootfs": str(image.rootfs) if image.rootfs else None,
+            # an image runs as a runtime runs it: its capabilities and no_new_privs by its securityContext
+            "capabilities": capabilities(context) if image.rootfs else None,
+            "noNewPrivileges": bool(image.rootfs) and context.get("allowPrivilegeEscalation") is False,
             "layer": str(self.dir / "layers" / c.name),
             "uid": uid,
             "gid": gid,

@@ -104,6 +104,7 @@ cat /etc/demo/hello.txt > volume; cat /etc/secret/token > secret
 cat /var/run/secrets/kubernetes.io/serviceaccount/namespace > account
 ln -s /etc/hosts hosts
 (echo x > /written) 2>/dev/null && echo writable > rootfs || echo read-only > rootfs
+grep -E "^(CapBnd|NoNewPrivs)" /proc/self/status > privileges
 echo $$ > pid; touch ready
 exec httpd -f -p 8080 -h /tmp/www
 """
@@ -136,7 +137,7 @@ def busybox_image() -> Iterator[str]:
         for folder in ("bin", "etc", "tmp", "var", "www"):
             (root / folder).mkdir()
         shutil.copy(shutil.which("busybox") or "", root / "bin" / "busybox")
-        for applet in ("sh", "httpd", "id", "cat", "ls", "mkdir", "ln", "touch", "echo"):
+        for applet in ("sh", "httpd", "id", "cat", "ls", "mkdir", "ln", "touch", "echo", "grep"):
             (root / "bin" / applet).symlink_to("busybox")
         (root / "bin" / "serve").write_text(ENTRYPOINT)
         (root / "var" / "run").symlink_to("/run")
@@ -328,7 +329,11 @@ def test_a_pod_from_an_image_runs_its_entrypoint_as_its_user_with_its_volumes(no
                         {"name": "tmp", "mountPath": "/tmp"},
                     ],
                     "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
-                    "securityContext": {"readOnlyRootFilesystem": True},
+                    "securityContext": {
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"], "add": ["KILL", "NET_BIND_SERVICE"]},
+                    },
                 }
             ],
             "volumes": [
@@ -354,4 +359,6 @@ def test_a_pod_from_an_image_runs_its_entrypoint_as_its_user_with_its_volumes(no
     assert get(f"{base}/account") == NS  # the token volume, through the image's /var/run -> /run link
     wait_for("the pod's own name in its /etc/hosts", lambda: "from-image" in get(f"{base}/hosts"), 10)
     assert get(f"{base}/rootfs") == "read-only\n"
+    # the bounding set holds the two capabilities kept (KILL is 5, NET_BIND_SERVICE 10): no_new_privs is set
+    assert get(f"{base}/privileges").split() == ["CapBnd:", f"{1 << 5 | 1 << 10:016x}", "NoNewPrivs:", "1"]
     assert get(f"{base}/root").split() == ["bin", "dev", "etc", "proc", "run", "sys", "tmp", "var", "www"]
