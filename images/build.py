@@ -102,6 +102,7 @@ def image_labels(image: str) -> dict[str, str]:
 
 
 def image_id(image: str) -> str | None:
+    """The image's id in the local storage; None when the storage lacks it."""
     out = subprocess.run(
         ["buildah", *STORAGE, "inspect", "--type", "image", "--format", "{{.FromImageID}}", image],
         capture_output=True,
@@ -200,6 +201,17 @@ def push(image: str, target: str) -> None:
     subprocess.run(["skopeo", "copy", "--quiet", f"{STORAGE_TRANSPORT}{image}", target], check=True)
 
 
+def check_machine() -> None:
+    """Root and the Debian tools the build runs, or a clear exit saying what to install."""
+    tools = {"buildah": "buildah", "podman": "podman", "skopeo": "skopeo", "debootstrap": "debootstrap", "runc": "runc"}
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = sorted({package for tool, package in tools.items() if shutil.which(tool, path=path) is None})
+    if missing:
+        raise SystemExit(f"images/build.py needs {', '.join(missing)}: apt-get install -y {' '.join(missing)}")
+    if os.geteuid() != 0:
+        raise SystemExit("images/build.py needs root (debootstrap, and buildah's vfs storage in /var/lib/containers)")
+
+
 def parse_tiers(value: str) -> list[Tier]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in TIERS]
@@ -219,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_reference:
         print(reference(args.print_reference))
         return 0
+    check_machine()
     WHEELS.mkdir(exist_ok=True)
     started = time.monotonic()
     base_was_there = base.exists(base.reference())
