@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 from conftest import REPO
-from helpers.built_images import built_image, can_build, podman_run
+from helpers.built_images import built_image, can_build, image_rootfs, podman_run
 
 pytestmark = pytest.mark.slow
 
@@ -29,3 +29,10 @@ def test_kuberl_version_runs_as_the_non_root_user(operator_image):
 def test_the_entry_point_is_the_operator_command(operator_image):
     out = podman_run(operator_image, "--help")  # ENTRYPOINT kuberl operator; --help replaces the CMD
     assert "--liveness" in out and "--metrics-port" in out, out
+
+
+def test_the_root_filesystem_unpacks_for_other_tests(operator_image, tmp_path):
+    rootfs = image_rootfs("operator", tmp_path / "rootfs")
+    assert "VERSION_CODENAME=bookworm" in (rootfs / "etc/os-release").read_text()
+    kuberl = rootfs / "opt/kuberl/bin/kuberl"
+    assert kuberl.is_file() and kuberl.stat().st_uid == 0  # the non-root user cannot change the installation
