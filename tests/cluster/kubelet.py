@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cluster.container_init import CAPABILITIES
 from cluster.image_store import ImageStoreError, stored_image
 from cluster.images import (
     BASE_PATH,
@@ -103,8 +104,11 @@ def capabilities(context: dict[str, Any]) -> list[str] | None:
         return None
     caps = context.get("capabilities") or {}
     drop = {c.upper().removeprefix("CAP_") for c in caps.get("drop") or []}
+    add = {c.upper().removeprefix("CAP_") for c in caps.get("add") or []}
+    if unknown := sorted((drop | add) - {"ALL", *CAPABILITIES}):
+        raise ValueError(f"securityContext.capabilities: unknown {', '.join(unknown)}")
     kept = set() if "ALL" in drop else set(RUNTIME_CAPABILITIES) - drop
-    return sorted(kept | {c.upper().removeprefix("CAP_") for c in caps.get("add") or []})
+    return sorted(kept | add - {"ALL"})
 
 
 def node_unavailable() -> str | None:
