@@ -378,13 +378,14 @@ def run_command(
         cores = parse_pinning(list(pinning), os.sched_getaffinity(0))
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--cpus") from None
-    job, model = _job_to_run(job_file, model_path)
+    job = _job_to_run(job_file, model_path)
     try:
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
         load_job_tasks(job, resolve_rewards(job).function)
         _refuse_unready_repositories(job.spec.environment)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    model = _model_to_run(job, model_path)
     warm_up = None
     if job.spec.training.warmup.demonstrations:
         from kuberl_rollout.sandbox_client import SandboxEnvironments
@@ -445,19 +446,23 @@ def _refuse_job_option(ctx: click.Context, param: click.Parameter, value: str | 
 
 
 def _job_to_run(job_file: str, model_path: str | None):
-    """The job in JOB.yaml checked for running here, and the local model folder it runs (`--model`, else a local
-    copy of spec.model.uri); a usage error naming the field or file otherwise."""
-    from kuberl.storage import LocalCopyError, check_model_folder, local_copy
+    """The job in JOB.yaml checked for running here; what is wrong with spec.model.uri does not matter when a model is
+    given on the command line (`--model` replaces it). A usage error naming the field or file otherwise."""
     from kuberl.validation import ManifestError, load_rljob
 
     try:
-        job = load_rljob(job_file, runs_here=True)
+        return load_rljob(job_file, runs_here=True)
     except ManifestError as err:
-        # a model given on the command line replaces spec.model.uri: what is wrong with that field does not matter
         problems = [p for p in err.problems if not (model_path and p.path == "spec.model.uri")]
         if problems:
             raise click.UsageError(str(ManifestError(problems))) from None
-        job = load_rljob(job_file)
+        return load_rljob(job_file)
+
+
+def _model_to_run(job, model_path: str | None) -> str:
+    """The local model folder a job runs: `--model`, else a local copy of spec.model.uri."""
+    from kuberl.storage import LocalCopyError, check_model_folder, local_copy
+
     try:
         model = model_path or str(local_copy(job.spec.model.uri))
     except LocalCopyError as err:
@@ -467,7 +472,7 @@ def _job_to_run(job_file: str, model_path: str | None):
         check_model_folder(model)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    return job, model
+    return model
 
 
 CREDIT_PROBE_TASKS = 30
@@ -537,7 +542,7 @@ def evaluate_command(
         except ManifestError as err:
             raise click.UsageError(str(err)) from None
         model_path = str(Path(run_dir or f"runs/{name}") / "policy")
-    job, policy = _job_to_run(job_file, model_path)
+    job = _job_to_run(job_file, model_path)
     try:
         env = job.spec.environment
         if tasks_uri is None:
@@ -549,6 +554,7 @@ def evaluate_command(
         _refuse_unready_repositories(env)
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
+    policy = _model_to_run(job, model_path)
     if not tasks:
         raise click.UsageError(f"no tasks to evaluate in {tasks_uri or env.name} (split {split or 'all'})")
     out = Path(output) if output else Path(policy).resolve().parent / "evaluation.json"

@@ -86,7 +86,17 @@ def test_kuberl_run_trains_on_made_instances_and_evaluate_reports_a_solve_rate(m
     record = json.loads((run_dir / "job.json").read_text())
     assert record["phase"] == "Succeeded", record
     summary = _run(
-        [sys.executable, "-m", "kuberl.cli", "evaluate", str(job), "--model", str(run_dir / "policy"), "--split", "train"]
+        [
+            sys.executable,
+            "-m",
+            "kuberl.cli",
+            "evaluate",
+            str(job),
+            "--model",
+            str(run_dir / "policy"),
+            "--split",
+            "train",
+        ]
     )
     assert summary.returncode == 0, summary.stderr[-3000:]
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
