@@ -61,6 +61,7 @@ from cluster.images import (
 )
 from cluster.network import NodeNetwork
 from helpers.emulator import Api
+from helpers.pod_security import RUNTIME_CAPABILITIES
 
 log = logging.getLogger(__name__)
 
@@ -75,27 +76,6 @@ TICK_S = 0.2
 INTERPRETER_HOME = Path(sys.base_prefix).parents[1]  # e.g. /root/.pyenv
 # the checkout whose virtual environment stands in for the images (its scripts name it by absolute path)
 CHECKOUT = Path(__file__).resolve().parents[2]
-
-
-# the capabilities a container runtime (containerd, CRI-O) gives a container that names none
-RUNTIME_CAPABILITIES = frozenset(
-    [
-        "AUDIT_WRITE",
-        "CHOWN",
-        "DAC_OVERRIDE",
-        "FOWNER",
-        "FSETID",
-        "KILL",
-        "MKNOD",
-        "NET_BIND_SERVICE",
-        "NET_RAW",
-        "SETFCAP",
-        "SETGID",
-        "SETPCAP",
-        "SETUID",
-        "SYS_CHROOT",
-    ]
-)
 
 
 def capabilities(context: dict[str, Any]) -> list[str] | None:

@@ -6,21 +6,27 @@ from __future__ import annotations
 
 from typing import Any
 
-BASELINE_CAPABILITIES = {
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "MKNOD",
-    "NET_BIND_SERVICE",
-    "SETFCAP",
-    "SETGID",
-    "SETPCAP",
-    "SETUID",
-    "SYS_CHROOT",
-}
+# the capabilities a container runtime (containerd, CRI-O) gives a container that names none
+RUNTIME_CAPABILITIES = frozenset(
+    [
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "NET_RAW",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    ]
+)
+# baseline lets a container add back what a runtime gives, but for raw sockets
+BASELINE_CAPABILITIES = RUNTIME_CAPABILITIES - {"NET_RAW"}
 SAFE_SYSCTLS = {
     "kernel.shm_rmid_forced",
     "net.ipv4.ip_local_port_range",
