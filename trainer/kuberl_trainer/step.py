@@ -337,49 +337,21 @@ def _update(
             config,
         )
     sums = dict.fromkeys(("share", *STAT_KEYS), 0.0)
+    counts = _Counts(local_tokens, local_values, global_values, scale, world_size)
     for i, index in enumerate(plan):
-        micro = batch.rows(index) if index is not None else _idle(batch)
-        micro = micro.columns(used_width(micro.attention_mask))
-        width = micro.input_ids.shape[1]
-        old = None if old_logprobs is None or index is None else old_logprobs[index, :width]
-        ref = None if ref_logprobs is None or index is None else ref_logprobs[index, :width]
-        result = forward(
+        share, stats = _micro_batch_loss(
             model,
-            micro.input_ids,
-            micro.attention_mask,
-            entropy_grad=config.entropy_coef > 0,
-            temperature=config.temperature,
-            from_position=from_position if index is not None else 1,
-            chunk_tokens=chunk_tokens,
-        )
-        logprobs = result.logprobs
-        if index is None:
-            ref = None  # an idle micro-batch: its loss is 0, only its backward matters
-        old = logprobs.detach() if old is None else old
-        # without old log-probs there is one micro-batch (train_step), so its own are the whole's
-        micro_totals = totals or denominators(micro.loss_mask, old, micro.rollout_logprobs, config)
-        loss, stats = policy_loss(
-            logprobs,
-            old,
-            micro.rollout_logprobs,
-            micro.advantages,
-            micro.loss_mask,
+            batch,
+            index,
             config,
-            entropy=result.entropy,
-            ref_logprobs=ref,
-            totals=micro_totals,
+            old_logprobs,
+            ref_logprobs,
+            value_coef,
+            from_position,
+            chunk_tokens,
+            totals,
+            counts,
         )
-        share = loss * scale
-        mask = micro.loss_mask.to(logprobs.dtype)
-        stats["entropy"] = float((result.entropy.detach() * mask).sum() / max(local_tokens, 1.0))
-        if ref is not None:
-            kl = torch.exp(ref - logprobs.detach()) - 1 - (ref - logprobs.detach())
-            stats["kl_ref"] = float((kl * mask).sum() / max(local_tokens, 1.0))
-        if result.values is not None and micro.returns is not None and value_coef:
-            vmask = micro.value_mask.to(result.values.dtype)
-            squared = ((result.values - micro.returns) ** 2 * vmask).sum()
-            share = share + value_coef * 0.5 * squared / max(global_values, 1.0) * world_size
-            stats["value_loss"] = float(squared.detach() / max(local_values, 1.0))
         if i == 0:
             # after the first forward: the gradients of the last update lived until here, not through it
             optimizer.zero_grad(set_to_none=True)
@@ -397,18 +369,92 @@ def _update(
         "tokens": global_tokens,
         "skipped": 0.0,
     }
-    if not math.isfinite(report["loss"]):
+    report.update(_clip_and_step(model, optimizer, max_grad_norm, before_update, math.isfinite(report["loss"])))
+    return report
+
+
+def _clip_and_step(
+    model, optimizer, max_grad_norm: float, before_update: Callable[[], None] | None, finite_loss: bool
+) -> dict[str, float]:
+    """Clip the gradients and step; an update whose loss or gradient norm is not finite is skipped (cleared)."""
+    if not finite_loss:
         optimizer.zero_grad(set_to_none=True)
-        report.update(skipped=1.0, grad_norm=float("nan"))
-        return report
+        return {"skipped": 1.0, "grad_norm": float("nan")}
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    report["grad_norm"] = norm
     if not math.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
-        report["skipped"] = 1.0
-        return report
+        return {"skipped": 1.0, "grad_norm": norm}
     if before_update is not None:
         before_update()
     optimizer.step()
-    return report
+    return {"grad_norm": norm}
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """A rank's and the world's token counts that scale each micro-batch's share of the loss."""
+
+    local_tokens: float
+    local_values: float
+    global_values: float
+    scale: float  # the rank's token share of the global loss, times the world size
+    world_size: int
+
+
+def _micro_batch_loss(
+    model,
+    batch: TokenBatch,
+    index: torch.Tensor | None,
+    config: LossConfig,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    value_coef: float,
+    from_position: int,
+    chunk_tokens: int | None,
+    totals,
+    counts: _Counts,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's forward: its share of the rank's loss (to backward) and its diagnostics. `index` None:
+    an idle micro-batch (a rank with fewer micro-batches than the busiest), whose loss is 0."""
+    micro = batch.rows(index) if index is not None else _idle(batch)
+    micro = micro.columns(used_width(micro.attention_mask))
+    width = micro.input_ids.shape[1]
+    old = None if old_logprobs is None or index is None else old_logprobs[index, :width]
+    ref = None if ref_logprobs is None or index is None else ref_logprobs[index, :width]
+    result = forward(
+        model,
+        micro.input_ids,
+        micro.attention_mask,
+        entropy_grad=config.entropy_coef > 0,
+        temperature=config.temperature,
+        from_position=from_position if index is not None else 1,
+        chunk_tokens=chunk_tokens,
+    )
+    logprobs = result.logprobs
+    old = logprobs.detach() if old is None else old
+    # without old log-probs there is one micro-batch (train_step), so its own are the whole's
+    micro_totals = totals or denominators(micro.loss_mask, old, micro.rollout_logprobs, config)
+    loss, stats = policy_loss(
+        logprobs,
+        old,
+        micro.rollout_logprobs,
+        micro.advantages,
+        micro.loss_mask,
+        config,
+        entropy=result.entropy,
+        ref_logprobs=ref,
+        totals=micro_totals,
+    )
+    share = loss * counts.scale
+    mask = micro.loss_mask.to(logprobs.dtype)
+    stats["entropy"] = float((result.entropy.detach() * mask).sum() / max(counts.local_tokens, 1.0))
+    if ref is not None:
+        kl = torch.exp(ref - logprobs.detach()) - 1 - (ref - logprobs.detach())
+        stats["kl_ref"] = float((kl * mask).sum() / max(counts.local_tokens, 1.0))
+    if result.values is not None and micro.returns is not None and value_coef:
+        vmask = micro.value_mask.to(result.values.dtype)
+        squared = ((result.values - micro.returns) ** 2 * vmask).sum()
+        share = share + value_coef * 0.5 * squared / max(counts.global_values, 1.0) * counts.world_size
+        stats["value_loss"] = float(squared.detach() / max(counts.local_values, 1.0))
+    return share, stats
