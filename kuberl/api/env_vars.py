@@ -28,6 +28,9 @@ SANDBOX_NETWORK_NAMESPACE = "KUBERL_SANDBOX_NETWORK_NAMESPACE"
 """`0`: sessions share the server's network, to measure what their own costs (benchmarks only)."""
 SANDBOX_HIDDEN = "KUBERL_SANDBOX_HIDDEN"
 """Colon-separated folders sessions must not see, beside the server's own installation (a run's task store)."""
+SANDBOX_FOREIGN_IMAGE = "KUBERL_SANDBOX_FOREIGN_IMAGE"
+"""`1`: the server runs from its portable bundle inside a task's own image (kuberl.portable_server): a repository
+task's workspace is a copy of its `workdir` in the image and its commands use the image's own environment."""
 
 # --- the job token (read with `kuberl.tokens.read_job_token`; set by the operator's learner and rollout pods and
 # `kuberl run`, never given to sandbox pods)
@@ -40,6 +43,10 @@ JOB_TOKEN = "KUBERL_JOB_TOKEN"
 # --- the rollout tier
 SANDBOX_URLS = "KUBERL_SANDBOX_URLS"
 """Comma-separated sandbox server addresses the rollout server opens sessions on."""
+SANDBOX_POOL_URL = "KUBERL_SANDBOX_POOL_URL"
+"""The address of an image's sandbox pool with `{pool}` where the pool's Service name goes
+(kuberl.api.sandbox_images.pool_service_name), e.g. `http://{pool}.ns.svc.cluster.local:8700`; a task whose
+episode image is set opens its session there, the others on SANDBOX_URLS."""
 
 # --- vLLM's CPU engine in the rollout server
 OMP_NUM_THREADS = "OMP_NUM_THREADS"

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field, JsonValue, model_validator
 from kuberl.api.base import ApiModel
 from kuberl.api.spec import TaskSplit
 from kuberl.api.swebench import RepositoryTask
+from kuberl.api.types import Image
 
 
 def check_relative_path(path: str) -> str:
@@ -107,6 +108,9 @@ class Task(ApiModel):
     """A task on a real repository (a SWE-bench-format instance): the workspace is the repository at its base
     commit and the score is its pytest FAIL_TO_PASS / PASS_TO_PASS verdict (docs/tasks.md). Such a task has no
     `files`, `hiddenTests`, `failToPass` or `oracle` of its own."""
+    image: Image | None = None
+    """The environment image the task's sandbox session runs in on a cluster (its instance's `image`); unset:
+    spec.sandbox.imageTemplate filled from the task's fields, else spec.sandbox.image. `kuberl run` ignores it."""
 
     @model_validator(mode="after")
     def _repository_alone(self) -> Self:

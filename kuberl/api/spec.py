@@ -556,6 +556,28 @@ class SandboxAutoscaler(StrEnum):
     HPA = "hpa"
 
 
+class SandboxPoolEngine(StrEnum):
+    AUTO = "auto"
+    KUBERL = "kuberl"
+    AGENT_SANDBOX = "agent-sandbox"
+
+
+class SandboxPoolsSpec(ApiModel):
+    """Sandbox pools per environment image, for tasks that name their own image (docs/sandbox-pools.md)."""
+
+    idle_timeout: Duration = "10m"
+    """An image's pool with no running, queued or upcoming episode for this long scales to zero."""
+    warm_replicas: int = Field(1, ge=0, le=100)
+    """Pods kept ready for an image whose episodes the learner will start next, or used within idleTimeout."""
+    max_warm_images: int = Field(64, ge=1, le=10_000)
+    """Most distinct images with pods at once (each pool's pods count against maxReplicas too)."""
+    claim_timeout: Duration = "10m"
+    """How long an episode waits for a session of its image before it ends as failed (masked, not scored 0)."""
+    engine: SandboxPoolEngine = SandboxPoolEngine.AUTO
+    """Who runs the pools: kuberl (a Deployment per image), agent-sandbox (a SandboxTemplate and SandboxWarmPool
+    per image, kubernetes-sigs/agent-sandbox), or auto (agent-sandbox when its CRDs are installed)."""
+
+
 class SandboxSessionSpec(ApiModel):
     """Limits of one sandbox session (one agent episode's workspace)."""
 
@@ -593,6 +615,12 @@ class SandboxSpec(ApiModel):
     """Network egress of sandbox pods: deny (default) or allow."""
     autoscaler: SandboxAutoscaler = SandboxAutoscaler.OPERATOR
     """Who scales the sandbox Deployment: the operator, or an HPA on the same metric."""
+    image_template: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """The environment image of a task that names none, from its instance's fields, e.g.
+    `docker.io/swebench/sweb.eval.x86_64.{swebench_id}:latest` ({swebench_id}: the instance id with `__` as
+    `_1776_`, lower case); unset: such tasks run on `image`. Each image gets a pool of its own (`pools`)."""
+    pools: SandboxPoolsSpec = Field(default_factory=SandboxPoolsSpec)
+    """How the per-image pools are kept warm and scaled to zero."""
 
     cross_field_rules = (
         CrossFieldRule(

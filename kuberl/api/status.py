@@ -45,6 +45,7 @@ class Reason(StrEnum):
     NO_LEARNING_SIGNAL = "NoLearningSignal"
     RETRY_BUDGET_EXHAUSTED = "RetryBudgetExhausted"
     INVALID_SPEC = "InvalidSpec"
+    NO_USABLE_IMAGES = "NoUsableImages"
 
 
 LEARNER_STOPPED = "LearnerStopped"
@@ -107,6 +108,26 @@ class TierHours(ApiModel):
     """Sandbox tier."""
 
 
+class SandboxPoolStatus(ApiModel):
+    """One environment image's sandbox pool, as the operator sees it."""
+
+    image: str = Field(min_length=1, max_length=512)
+    """The image the pool's pods run."""
+    pool: str = Field(min_length=1, max_length=63)
+    """The pool's name (its Deployment and Service)."""
+    replicas: int = Field(0, ge=0)
+    """Pods the planner asks for now (0: scaled to zero)."""
+    ready: int = Field(0, ge=0)
+    """Pods ready to open sessions."""
+    unusable: bool = False
+    """True: the image cannot run (it cannot be pulled, its pods crash, or it lacks what the server needs); its
+    instances are left out of training and their episodes are masked, not scored 0."""
+    reason: str | None = Field(None, max_length=256)
+    """Why it is unusable, e.g. ImagePullBackOff, CrashLoopBackOff, MissingShell."""
+    message: str | None = Field(None, max_length=1024)
+    """The detail: the kubelet's or the server's own one-line message."""
+
+
 class RLJobStatus(ApiModel):
     """Observed state of an RLJob."""
 
@@ -150,6 +171,8 @@ class RLJobStatus(ApiModel):
     """Ready pods per tier."""
     sandbox_replicas: int | None = Field(None, ge=0)
     """Sandbox pods the autoscaler asks for now (between sandbox.minReplicas and maxReplicas)."""
+    sandbox_pools: list[SandboxPoolStatus] = Field(default_factory=list, max_length=2000)
+    """The per-image sandbox pools that have pods or are unusable (images whose instances name one)."""
     reward_mean: float | None = None
     """Mean trajectory reward of the last step."""
     tokens_per_second: float | None = Field(None, ge=0.0)

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from kuberl.api.base import ApiModel
 
@@ -92,8 +92,11 @@ class SWEBenchInstance(BaseModel):
     """The commit the environment is built from; unset: `base_commit`."""
     fail_to_pass: TestIds = Field(alias="FAIL_TO_PASS", min_length=1)
     pass_to_pass: TestIds = Field(alias="PASS_TO_PASS", default_factory=list)
-    image: str | None = None
-    """An image that holds the instance's environment (used on a cluster)."""
+    image: str | None = Field(None, validation_alias=AliasChoices("image", "image_name", "docker_image"))
+    """An image that holds the instance's environment (used on a cluster): SWE-bench's `image`, SWE-smith's
+    `image_name` or SWE-rebench's `docker_image`."""
+    workdir: str | None = Field(None, pattern=r"^/[^\s]*$")
+    """Where the repository lives inside the image; unset: /testbed (SWE-bench's images)."""
     install_config: InstallConfig | None = None
 
     @property
@@ -111,6 +114,7 @@ class SWEBenchInstance(BaseModel):
         return dict(self.model_extra or {})
 
 
+DEFAULT_WORKDIR = "/testbed"
 ENVIRONMENT_KEY_PATTERN = r"^[0-9a-f]{16,64}$"
 _NODE_FILE = re.compile(r"^([^:\[\s]+\.py)(::|$)")
 
@@ -137,6 +141,9 @@ class RepositoryTask(ApiModel):
     """Pytest node ids that must pass after the fix (and fail before it)."""
     pass_to_pass: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Pytest node ids that pass before the fix and must still pass."""
+    workdir: Annotated[str, Field(pattern=r"^/[^\s]*$", max_length=1024)] = DEFAULT_WORKDIR
+    """Where the repository lives inside the task's own image (a sandbox server running in that image copies
+    it as the workspace and runs the image's own environment); SWE-bench's images keep it at /testbed."""
 
     @field_validator("fail_to_pass", "pass_to_pass")
     @classmethod

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from kuberl.api.environment import Task
 from kuberl.api.spec import SWE_BENCH, TaskSplit
-from kuberl.api.swebench import RepositoryTask, SWEBenchInstance
+from kuberl.api.swebench import DEFAULT_WORKDIR, RepositoryTask, SWEBenchInstance
 from kuberl.swebench.environments import recipe_for
 
 SUITE = SWE_BENCH
@@ -100,7 +100,8 @@ def instance_task(instance: SWEBenchInstance) -> Task:
         split=split_of(instance),
         prompt=PROMPT.format(repo=instance.repo, problem=instance.problem_statement.strip()),
         test_command="python -m pytest -q",
-        metadata={"repo": instance.repo, "version": instance.version, "suite": SUITE},
+        metadata={**template_fields_of(instance), "suite": SUITE},
+        image=instance.image,
         repository=RepositoryTask(
             repo=instance.repo,
             base_commit=instance.base_commit,
@@ -108,8 +109,26 @@ def instance_task(instance: SWEBenchInstance) -> Task:
             test_patch=instance.test_patch,
             fail_to_pass=instance.fail_to_pass,
             pass_to_pass=instance.pass_to_pass,
+            workdir=instance.workdir or DEFAULT_WORKDIR,
         ),
     )
+
+
+# Fields too long or too secret for an image name; the rest of a row's scalar fields may name its image
+# (spec.sandbox.imageTemplate) and travel in the task's metadata, which the agent never sees.
+_NOT_TEMPLATE_FIELDS = frozenset(
+    {"patch", "test_patch", "problem_statement", "hints_text", "FAIL_TO_PASS", "PASS_TO_PASS"}
+)
+
+
+def template_fields_of(instance: SWEBenchInstance) -> dict[str, str]:
+    """The row's short scalar fields (SWE-bench's and a dataset's own) by their names in the row."""
+    row = instance.model_dump(by_alias=True, exclude_none=True)
+    return {
+        key: str(value)
+        for key, value in row.items()
+        if key not in _NOT_TEMPLATE_FIELDS and isinstance(value, str | int | float) and len(str(value)) <= 256
+    }
 
 
 def read_tasks(path: str | Path) -> list[Task]:

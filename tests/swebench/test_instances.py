@@ -54,6 +54,7 @@ def test_lists_and_json_encoded_strings_both_read_and_extra_keys_are_kept(tmp_pa
                 PASS_TO_PASS="[]",
                 version=1.3,
                 docker_image="swebench/sweb.eval.x86_64.octo_1776_lib-2",
+                environment_tag="py39",
             ),
         ],
     )
@@ -62,7 +63,8 @@ def test_lists_and_json_encoded_strings_both_read_and_extra_keys_are_kept(tmp_pa
     second = instances[1]
     assert second.fail_to_pass == ["tests/test_a.py::test_a[x y]"] and second.pass_to_pass == []
     assert second.version == "1.3"
-    assert second.extra_fields == {"docker_image": "swebench/sweb.eval.x86_64.octo_1776_lib-2"}
+    assert second.image == "swebench/sweb.eval.x86_64.octo_1776_lib-2"  # SWE-rebench's spelling of `image`
+    assert second.extra_fields == {"environment_tag": "py39"}
     assert second.mirror_name == "octo__lib"
 
 
