@@ -36,6 +36,8 @@ _PLURALS = {
     "StatefulSet": "statefulsets",
     "Workload": "workloads",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "SandboxTemplate": "sandboxtemplates",  # agent-sandbox (kubernetes-sigs/agent-sandbox)
+    "SandboxWarmPool": "sandboxwarmpools",
 }
 RLJOB_API_VERSION = f"{GROUP}/{VERSION}"
 

@@ -15,6 +15,7 @@ from kuberl_operator.desired import GPU
 from kuberl_operator.lifecycle import TIERS, LearnerStop, TierState
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, TIER_LABEL
 from kuberl_operator.placement import PREEMPTION_NOTICE_TAINTS, SPOT_NODE_LABELS
+from kuberl_operator.sandbox import DEFAULT_POOL, POOL_LABEL
 
 # The learner reports that it stopped itself (a breaker, or training done) with the LEARNER_STOPPED condition
 # on the RLJob status, reason = a kuberl.api.status.Reason; the fields it owns (step, policyVersion,
@@ -36,14 +37,34 @@ def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
         "status": {
             **{k: v for k, v in status.items() if k in ("phase", "conditions", "podIP")},
             "terminationMessages": termination_messages(status),
+            "waiting": waiting_reasons(status),
         },
     }
 
 
+def waiting_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Why the pod's containers (init containers too) wait, with their restarts: an image that cannot be
+    pulled or a server that keeps crashing says so here (kuberl_operator.pool_health reads it)."""
+    waiting = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            state = (container.get("state") or {}).get("waiting") or {}
+            if state.get("reason"):
+                waiting.append(
+                    {
+                        "reason": str(state["reason"]),
+                        "message": str(state.get("message") or "")[:1024],
+                        "restarts": int(container.get("restartCount") or 0),
+                    }
+                )
+    return waiting
+
+
 def termination_messages(status: dict[str, Any]) -> list[str]:
-    """What the pod's containers said as they ended (now or the last time), newest state first."""
+    """What the pod's containers (init containers first) said as they ended (now or the last time), newest
+    state first."""
     messages = []
-    for container in status.get("containerStatuses") or []:
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         for state in ("state", "lastState"):
             message = (((container.get(state) or {}).get("terminated")) or {}).get("message")
             if message:
@@ -55,7 +76,7 @@ def sandbox_start_failure(pods: list[dict[str, Any]]) -> str | None:
     """Why a sandbox server of the job would not start (its own words, kuberl_sandbox.sessions.report_start_failure),
     if one said so; pods given as pod_summary keeps them."""
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        if ((pod["metadata"].get("labels") or {}).get(TIER_LABEL)) != SANDBOX:
+        if ((pod["metadata"].get("labels") or {}).get(TIER_LABEL)) != SANDBOX or in_image_pool(pod):
             continue
         status = pod.get("status") or {}
         messages = status.get("terminationMessages")
@@ -64,6 +85,13 @@ def sandbox_start_failure(pods: list[dict[str, Any]]) -> str | None:
         if messages:
             return messages[0]
     return None
+
+
+def in_image_pool(pod: dict[str, Any]) -> bool:
+    """A sandbox pod of an image's pool: its failures are its image's (kuberl_operator.pool_health), never the
+    tier's, so they neither spend the retry budget nor hold the job's start."""
+    pool = ((pod.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL)
+    return pool is not None and pool != DEFAULT_POOL
 
 
 @dataclass(frozen=True)
@@ -104,7 +132,7 @@ def tier_states(
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta, status = pod["metadata"], pod.get("status") or {}
         tier = (meta.get("labels") or {}).get(TIER_LABEL)
-        if tier not in ready or meta.get("deletionTimestamp"):
+        if tier not in ready or meta.get("deletionTimestamp") or in_image_pool(pod):
             continue
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
         node = nodes.get((pod.get("spec") or {}).get("nodeName") or "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.env_vars import SANDBOX_POOL_URL
 from kuberl.api.rljob import RLJob
 from kuberl_operator.images import JobImages
 from kuberl_operator.meta import ROLLOUT, SANDBOX, child_name, selector_labels
@@ -11,6 +12,7 @@ from kuberl_operator.placement import pod_placement
 from kuberl_operator.pod import (
     JOB_FILE,
     cpu_engine_env,
+    env_list,
     http_probe,
     job_token_env,
     parallel_statefulset,
@@ -38,6 +40,12 @@ def rollout_urls(job: RLJob, namespace: str) -> list[str]:
 
 def sandbox_url(job: RLJob, namespace: str) -> str:
     return f"http://{child_name(job, SANDBOX)}.{namespace}.svc:{SANDBOX_PORT}"
+
+
+def sandbox_pool_url(namespace: str) -> str:
+    """The address of an image's sandbox pool with `{pool}` where its Service's name goes
+    (kuberl.api.sandbox_images.pool_service_name): tasks with an image of their own open sessions there."""
+    return f"http://{{pool}}.{namespace}.svc:{SANDBOX_PORT}"
 
 
 def rollout_replicas(job: RLJob) -> int:
@@ -94,6 +102,7 @@ def build_rollout_statefulset(
             *runtime_env(),
             *storage_env(job),
             *cpu_engine_env(job.spec.rollout.resources),
+            *env_list({SANDBOX_POOL_URL: sandbox_pool_url(namespace)}),
         ],
         "ports": [{"name": "http", "containerPort": ROLLOUT_PORT, "protocol": "TCP"}],
         "resources": resources(job.spec.rollout.resources),

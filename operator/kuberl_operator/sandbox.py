@@ -35,10 +35,23 @@ def sandbox_max_sessions(job: RLJob) -> int:
     return 2 * job.spec.sandbox.sessions_per_pod
 
 
+POOL_LABEL = "kuberl.io/sandbox-pool"
+"""Which sandbox pool a pod belongs to: `default` (the job's sandbox image), else its image's pool key
+(kuberl.api.sandbox_images.pool_key). Every pool's pods also carry the sandbox tier's labels, so the sandbox
+NetworkPolicy covers them all; each pool's Service selects its own pool only."""
+DEFAULT_POOL = "default"
+
+
+def default_pool_selector(job: RLJob) -> dict[str, str]:
+    """The default pool's Service selects its own pods only (not the per-image pools' sandbox pods). The
+    Deployment keeps its tier selector: a Deployment's selector cannot change."""
+    return {**selector_labels(job, SANDBOX), POOL_LABEL: DEFAULT_POOL}
+
+
 def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
-    """Load-balanced over the sandbox pods for opening sessions. A session lives in one pod's memory and
-    workspace: the pod answers with its own address (KUBERL_SANDBOX_ADVERTISE_URL) and the rollout pod
-    sends the session's later calls there, so every sandbox pod the autoscaler adds takes new sessions."""
+    """Load-balanced over the default pool's sandbox pods for opening sessions. A session lives in one pod's
+    memory and workspace: the pod answers with its own address (KUBERL_SANDBOX_ADVERTISE_URL) and the rollout
+    pod sends the session's later calls there, so every sandbox pod the autoscaler adds takes new sessions."""
     return tier_service(
         job,
         SANDBOX,
@@ -46,35 +59,16 @@ def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
         owner,
         {
             "type": "ClusterIP",
-            "selector": selector_labels(job, SANDBOX),
+            "selector": default_pool_selector(job),
             "ports": [{"name": "http", "port": SANDBOX_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     )
 
 
-def build_sandbox_deployment(
-    job: RLJob,
-    namespace: str,
-    owner: dict[str, Any] | None,
-    sandbox_token_secret: str,
-    security: SandboxPodSecurity | None = None,
-    images: JobImages | None = None,
-) -> dict[str, Any]:
-    """The same `kuberl sandbox` as `kuberl run`, hardened for untrusted code: its own user namespace
-    (`hostUsers: false`) unless the operator is told the cluster lacks them, no service-account token, no
-    service-link variables, a read-only root filesystem with sessions on an emptyDir, and the RuntimeClass
-    of the spec (gVisor, Kata) when one is given. Its root user is explained in
-    security.sandbox_container_security_context; `security` and `images` default to the operator's
-    environment."""
+def sandbox_server_options(job: RLJob) -> list[str]:
+    """The options of `kuberl sandbox` for the job's pools, the default one and every image's."""
     spec = job.spec.sandbox
-    security = security or SandboxPodSecurity.from_env()
-    images = images or JobImages.from_env()
-    user_namespace = sandbox_uses_user_namespace(security, spec.runtime_class_name)
-    argv = [
-        "python",
-        "-m",
-        "kuberl.cli",
-        "sandbox",
+    return [
         "--host",
         "0.0.0.0",
         "--port",
@@ -86,10 +80,19 @@ def build_sandbox_deployment(
         "--max-sessions",
         str(sandbox_max_sessions(job)),
     ]
-    container = {
+
+
+def sandbox_container(
+    job: RLJob, sandbox_token_secret: str, security: SandboxPodSecurity, image: str, command: list[str]
+) -> dict[str, Any]:
+    """The sandbox server's container: token, advertised address, probes, resources and the hardened
+    securityContext (security.sandbox_container_security_context), whichever image it runs in."""
+    spec = job.spec.sandbox
+    user_namespace = sandbox_uses_user_namespace(security, spec.runtime_class_name)
+    return {
         "name": SANDBOX,
-        "image": images.image(job, SANDBOX),
-        "command": argv,
+        "image": image,
+        "command": command,
         "env": [
             sandbox_token_env(sandbox_token_secret),
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -108,19 +111,51 @@ def build_sandbox_deployment(
         "livenessProbe": http_probe("/healthz", "http", period=20, failures=3),
         "securityContext": sandbox_container_security_context(security, user_namespace),
     }
+
+
+def sandbox_pod_spec(
+    job: RLJob, security: SandboxPodSecurity, images: JobImages, containers: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    """A sandbox pod around `containers`: no service-account token, no service-link variables, its own user
+    namespace unless the cluster lacks them, the spec's RuntimeClass, placement and pull secrets; `extra`
+    adds fields (init containers) and volumes beside the sessions' emptyDirs."""
+    spec = job.spec.sandbox
+    volumes = [empty_dir("workspace"), empty_dir("tmp"), *extra.pop("volumes", [])]
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        **({"hostUsers": False} if user_namespace else {}),
+        **({"hostUsers": False} if sandbox_uses_user_namespace(security, spec.runtime_class_name) else {}),
         "terminationGracePeriodSeconds": 30,
         "securityContext": sandbox_pod_security_context(security),
         **pod_placement(job, SANDBOX),
         **images.pod_fields(job, SANDBOX),
-        "containers": [container],
-        "volumes": [empty_dir("workspace"), empty_dir("tmp")],
+        **extra,
+        "containers": containers,
+        "volumes": volumes,
     }
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
+    return pod_spec
+
+
+def build_sandbox_deployment(
+    job: RLJob,
+    namespace: str,
+    owner: dict[str, Any] | None,
+    sandbox_token_secret: str,
+    security: SandboxPodSecurity | None = None,
+    images: JobImages | None = None,
+) -> dict[str, Any]:
+    """The default pool: the same `kuberl sandbox` as `kuberl run`, hardened for untrusted code: its own user
+    namespace (`hostUsers: false`) unless the operator is told the cluster lacks them, no service-account
+    token, no service-link variables, a read-only root filesystem with sessions on an emptyDir, and the
+    RuntimeClass of the spec (gVisor, Kata) when one is given. Its root user is explained in
+    security.sandbox_container_security_context; `security` and `images` default to the operator's
+    environment."""
+    security = security or SandboxPodSecurity.from_env()
+    images = images or JobImages.from_env()
+    argv = ["python", "-m", "kuberl.cli", "sandbox", *sandbox_server_options(job)]
+    container = sandbox_container(job, sandbox_token_secret, security, images.image(job, SANDBOX), argv)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -129,7 +164,10 @@ def build_sandbox_deployment(
             "replicas": sandbox_replicas(job),
             "selector": {"matchLabels": selector_labels(job, SANDBOX)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": common_labels(job, SANDBOX)}, "spec": pod_spec},
+            "template": {
+                "metadata": {"labels": {**common_labels(job, SANDBOX), POOL_LABEL: DEFAULT_POOL}},
+                "spec": sandbox_pod_spec(job, security, images, [container]),
+            },
         },
     }
 
