@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -23,17 +22,17 @@ from pathlib import Path
 from kuberl.api.swebench import RepositoryTask
 from kuberl.swebench import environments
 from kuberl.swebench.mirror import CommitTree, MirrorError, commit_tree
-from kuberl_sandbox import hardened
+from kuberl_sandbox import hardened, image_workspace
 from kuberl_sandbox import workspace as ws
+from kuberl_sandbox.image_workspace import ImageTree
+from kuberl_sandbox.programs import SETPRIV, TAR
 from kuberl_sandbox.rights import Owner, session_rights
-from kuberl_sandbox.session_network import SETPRIV
 from kuberl_sandbox.settings import SandboxSettings
 
 CONFIG_FILES = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 """Top-level files pytest reads its options from (plugins to load, paths to add): the base commit's count."""
 PLANTED = (b".dist-info", b".egg-info", b".egg-link")
 """Package metadata in the workspace would register entry points (pytest plugins) from it."""
-TAR = shutil.which("tar") or "/bin/tar"
 _DIFF_PATH = re.compile(r"^(?:---|\+\+\+) (?:[ab]/)?(\S+)", re.MULTILINE)
 
 
@@ -45,8 +44,21 @@ class RepositoryUnavailable(ValueError):
 class Checkout:
     """What a session of a repository task stands on: the base commit's tree and the environment."""
 
-    tree: CommitTree
-    environment: environments.Environment
+    tree: CommitTree | ImageTree
+    environment: environments.Environment | None
+    """The prepared environment; None: the task's own image's (image_workspace.py)."""
+    image_python: str = ""
+    """The image's own interpreter, where `environment` is None."""
+
+    @property
+    def python(self) -> str:
+        """The interpreter the tests run under."""
+        return str(self.environment.python) if self.environment is not None else self.image_python
+
+    @property
+    def shared(self) -> tuple[Path, ...]:
+        """Folders sessions must reach at their own paths (a prepared environment)."""
+        return (self.environment.folder,) if self.environment is not None else ()
 
     @property
     def top_level(self) -> list[str]:
@@ -61,6 +73,10 @@ class Checkout:
 
 def checkout_for(settings: SandboxSettings, task: RepositoryTask) -> Checkout:
     """The tree and environment of `task`; RepositoryUnavailable (a one-line reason) when either is missing."""
+    if settings.foreign_image:
+        if why := image_workspace.missing_workdir(task.workdir):
+            raise RepositoryUnavailable(why)
+        return Checkout(image_workspace.image_tree(task.workdir), None, image_workspace.image_python())
     if settings.repos is None or settings.environments is None:
         raise RepositoryUnavailable(
             "this sandbox server has no repository mirror or environments folder "
@@ -77,6 +93,14 @@ def checkout_for(settings: SandboxSettings, task: RepositoryTask) -> Checkout:
     except MirrorError as err:
         raise RepositoryUnavailable(str(err)) from None
     return Checkout(tree, environment)
+
+
+def fill_workspace(checkout: Checkout, workspace: Path, owner: Owner | None) -> None:
+    """The new session's workspace: the base commit's tree, from the mirror's archive or the image's folder."""
+    if isinstance(checkout.tree, ImageTree):
+        image_workspace.copy_workdir(checkout.tree.folder, workspace, owner)
+    else:
+        unpack(checkout.tree, workspace, owner)
 
 
 def unpack(tree: CommitTree, workspace: Path, owner: Owner | None) -> None:
@@ -126,7 +150,9 @@ def clean_for_visible_run(scratch: Path, checkout: Checkout, owner: Owner | None
     reset_to_base(scratch, checkout.tree, [*conftests, *base_conftests, *CONFIG_FILES], owner, limit)
 
 
-def reset_to_base(scratch: Path, tree: CommitTree, paths: list[str], owner: Owner | None, limit: int) -> None:
+def reset_to_base(
+    scratch: Path, tree: CommitTree | ImageTree, paths: list[str], owner: Owner | None, limit: int
+) -> None:
     """Each path as the base commit has it, or removed where the commit has no such file."""
     contents = tree.read_many(list(dict.fromkeys(paths)))
     for path, content in contents.items():

@@ -22,7 +22,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -30,21 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
-UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
-NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
-PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
-IP = shutil.which("ip") or "/usr/sbin/ip"
-MOUNT = shutil.which("mount") or "/usr/bin/mount"
-NFT = shutil.which("nft") or "/usr/sbin/nft"
-SLIRP4NETNS = shutil.which("slirp4netns") or "/usr/bin/slirp4netns"
+from kuberl_sandbox.programs import CAT, IP, MOUNT, NFT, NSENTER, PRLIMIT, SETPRIV, SLIRP4NETNS, UNSHARE
 
 READY = b"ready\n"
 # Run as root of the new user namespace ($0: the session's fstab): mount what it names (mount's hints to /dev/null,
 # its errors reach the server), bring up the loopback, say so, then wait for the server's pipe to close.
 _MOUNTS = f'{MOUNT} --no-mtab --all --fstab "$0" >/dev/null || exit 1'
-_HOLDER_SCRIPT = f"{_MOUNTS}; {IP} link set lo up || exit 1; echo ready; exec cat >/dev/null"
-_HOLDER_SCRIPT_SHARED_NETWORK = f"{_MOUNTS}; echo ready; exec cat >/dev/null"
+_HOLDER_SCRIPT = f"{_MOUNTS}; {IP} link set lo up || exit 1; echo ready; exec {CAT} >/dev/null"
+_HOLDER_SCRIPT_SHARED_NETWORK = f"{_MOUNTS}; echo ready; exec {CAT} >/dev/null"
 _OPEN_TIMEOUT_S = 10.0
 
 SLIRP_GATEWAY = "10.0.2.2"

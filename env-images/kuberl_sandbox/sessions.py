@@ -23,12 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
+from kuberl import portable_server
 from kuberl.api import env_vars
 from kuberl.api.environment import Snapshot, Task
 from kuberl.api.tampering import TamperingReason
 from kuberl.errors import ServiceError
 from kuberl.swebench import pytest_report
-from kuberl_sandbox import hardened, installation, oracle, repository, snapshots, uids
+from kuberl_sandbox import hardened, image_workspace, installation, oracle, repository, snapshots, uids
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.execution import (
     SHARED_SCRATCH,
@@ -41,6 +42,7 @@ from kuberl_sandbox.execution import (
 )
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.outcome_cache import OutcomeCache, task_digest
+from kuberl_sandbox.programs import PATCH, RM
 from kuberl_sandbox.rights import Owner, drop_supplementary_groups, session_rights
 from kuberl_sandbox.session_network import SLIRP_DNS, NetworkUnavailable, SessionNetwork, host_addresses
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
@@ -49,14 +51,16 @@ from kuberl_sandbox.testrun import Resolution, TestOutcome, count_test_methods, 
 HIDDEN_DIR = "hidden"
 REPOSITORY_TEST_OUTPUT = 4 << 20
 """Output a repository's test run may print before it is killed (its report comes last)."""
-RM = shutil.which("rm") or "/bin/rm"
 PRIVATE_DIR = "private"  # the session's 0700: its own /tmp, /var/tmp, /dev/shm and /run/lock (isolated only)
 T = TypeVar("T")
 log = logging.getLogger("kuberl.sandbox")
 
 
 def isolation_problem(settings: SandboxSettings, why: str | None) -> str | None:
-    """Why this server must not start (one line), if sessions cannot be isolated and that was not allowed."""
+    """Why this server must not start (one line): a task's own image that lacks what sessions need, or sessions
+    that cannot be isolated when that was not allowed."""
+    if settings.foreign_image and (problem := foreign_image_problem()):
+        return problem
     if why is None or settings.allow_shared_user:
         return None
     return (
@@ -65,6 +69,11 @@ def isolation_problem(settings: SandboxSettings, why: str | None) -> str | None:
         "server with CAP_SETUID and CAP_SETGID; refusing to run agent code unisolated "
         "(development only: KUBERL_SANDBOX_ALLOW_SHARED_USER=1)."
     )
+
+
+def foreign_image_problem() -> str | None:
+    """What a task's own image lacks that the portable server needs (one line naming it and what to do), or None."""
+    return image_workspace.bundle_problem(portable_server.TOOLS) or image_workspace.shell_problem()
 
 
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -208,7 +217,7 @@ class SessionManager:
         await self._open_network(session)
         try:
             if session.checkout is not None:
-                await asyncio.to_thread(repository.unpack, session.checkout.tree, session.workspace, session.owner)
+                await asyncio.to_thread(repository.fill_workspace, session.checkout, session.workspace, session.owner)
             await asyncio.to_thread(self._write_task_files, session, task.files)
             await asyncio.to_thread(self._write_hidden_tests, session, session.home / HIDDEN_DIR, None)
         except (ws.WorkspaceError, OSError) as err:
@@ -315,7 +324,7 @@ class SessionManager:
             await self.file_op(ws.write_text, folder, name, patch, session.owner, self._max_file_bytes)
         try:
             return await self.execute(
-                session, f"patch -p1 --batch --forward --no-backup-if-mismatch -i {folder / name}"
+                session, f"{PATCH} -p1 --batch --forward --no-backup-if-mismatch -i {folder / name}"
             )
         finally:
             async with session.lock:
@@ -496,9 +505,7 @@ class SessionManager:
         else:
             await self.file_op(repository.clean_for_visible_run, scratch, checkout, session.owner, self._max_file_bytes)
             files = [f for f in task.test_files if f in checkout.tree.files]
-        command = pytest_report.command(
-            str(scratch), files, nonce, checkout.source_paths, str(checkout.environment.python)
-        )
+        command = pytest_report.command(str(scratch), files, nonce, checkout.source_paths, checkout.python)
         result = await self._run(session, command, scratch, limits, test_run=True)
         self.metrics.observe_command("hidden_tests" if hidden else "tests", result)
         report = split_report(result, nonce)
@@ -531,7 +538,7 @@ class SessionManager:
         path = shlex.quote(str(folder / name))
         command = (
             f"git apply --whitespace=nowarn {path} 2>/dev/null || "
-            f"patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {path}"
+            f"{PATCH} --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {path}"
         )
         try:
             return await self._run(session, command, scratch, session.limits)
@@ -607,7 +614,7 @@ class SessionManager:
             if owned and session.owner:
                 os.chown(home / sub, *session.owner)
         if identity.private:
-            shared = (checkout.environment.folder,) if checkout is not None else ()
+            shared = checkout.shared if checkout is not None else ()
             if shared not in self._covers:
                 self._covers[shared] = tuple(self._hidden_folders(shared))
             hidden = self._covers[shared]
@@ -622,6 +629,8 @@ class SessionManager:
         keep += [settings.environments] if settings.environments is not None else []
         # the mirror's history holds the fixes (the server unpacks each base commit itself): out of sight too
         roots = [*installation.installation_folders(), *settings.hidden]
+        # the portable bundle's interpreter and packages; its tools stay, commands run some of them (programs.py)
+        roots += [Path(portable_server.PYTHON_HOME)] if settings.foreign_image else []
         roots += [settings.repos] if settings.repos is not None else []
         return installation.folders_to_cover(roots, keep, invisible=[Path(p) for p in SHARED_SCRATCH])
 
@@ -659,10 +668,16 @@ class SessionManager:
     def _env(self, session: Session) -> dict[str, str]:
         # A clean environment: nothing of the server's (its token above all) reaches session commands.
         # A task on a repository runs in its prepared venv, the workspace's code first on the import path.
+        # In a task's own image, its PATH as the image sets it: the image's Python and tools.
         checkout = session.checkout
         venv = {} if checkout is None else self._venv_env(checkout, session.workspace)
+        if self.settings.foreign_image:
+            path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        else:
+            prepared = f"{checkout.environment.bin}:" if checkout and checkout.environment else ""
+            path = f"{prepared}{self._bin}:/usr/local/bin:/usr/bin:/bin"
         return venv | {
-            "PATH": (f"{checkout.environment.bin}:" if checkout else "") + f"{self._bin}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": path,
             "HOME": str(session.workspace),
             # isolated: the session's own /tmp (mounted for each command); else the session's tmp/ folder
             "TMPDIR": "/tmp" if session.identity.isolated else str(session.home / "tmp"),
@@ -675,4 +690,5 @@ class SessionManager:
     @staticmethod
     def _venv_env(checkout: repository.Checkout, workspace: Path) -> dict[str, str]:
         paths = [str(workspace) if p == "." else str(workspace / p) for p in checkout.source_paths]
-        return {"VIRTUAL_ENV": str(checkout.environment.folder / "venv"), "PYTHONPATH": ":".join(paths)}
+        venv = {"VIRTUAL_ENV": str(checkout.environment.folder / "venv")} if checkout.environment else {}
+        return venv | {"PYTHONPATH": ":".join(paths)}

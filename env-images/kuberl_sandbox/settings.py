@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kuberl.api import env_vars
 from kuberl.api.sandbox_http import MAX_COMMAND_TIMEOUT_S
+from kuberl_sandbox.programs import foreign_image
 
 TOKEN_ENV = env_vars.SANDBOX_TOKEN
 ADVERTISE_ENV = env_vars.SANDBOX_ADVERTISE_URL
@@ -87,6 +89,9 @@ class SandboxSettings:
     what it costs (bench_sandbox_sessions): sessions then reach everything the server reaches."""
     hidden: tuple[Path, ...] = ()
     """Folders sessions must not see beside the server's own installation (installation.py): a task store."""
+    foreign_image: bool = False
+    """The server runs from its portable bundle in a task's own image (KUBERL_SANDBOX_FOREIGN_IMAGE=1): a repository
+    task's workspace is a copy of its workdir and commands run the image's environment (image_workspace.py)."""
 
     @staticmethod
     def from_env(root: str | None = None, token: str | None = None) -> SandboxSettings:
@@ -95,7 +100,8 @@ class SandboxSettings:
         if not token:
             raise ValueError(f"no token: set {TOKEN_ENV} (callers must send it as 'Authorization: Bearer <token>')")
         root_path = Path(root or os.environ.get(env_vars.SANDBOX_ROOT, "/tmp/kuberl-sandbox"))
-        python = os.environ.get(env_vars.SANDBOX_PYTHON) or _find_python()
+        foreign = foreign_image()
+        python = os.environ.get(env_vars.SANDBOX_PYTHON) or (_image_python() if foreign else _find_python())
         shared = os.environ.get(env_vars.SANDBOX_ALLOW_SHARED_USER, "") in ("1", "true", "yes")
         advertise = os.environ.get(ADVERTISE_ENV) or None
         repos, environments = (os.environ.get(name) for name in (env_vars.SANDBOX_REPOS, env_vars.SANDBOX_ENVIRONMENTS))
@@ -114,6 +120,7 @@ class SandboxSettings:
             egress=egress == "allow",
             network_namespace=os.environ.get(env_vars.SANDBOX_NETWORK_NAMESPACE, "1") != "0",
             hidden=hidden,
+            foreign_image=foreign,
         )
 
 
@@ -122,3 +129,8 @@ def _find_python() -> str:
         if os.access(candidate, os.X_OK):
             return candidate
     raise ValueError("no python3 for sessions: set KUBERL_SANDBOX_PYTHON")
+
+
+def _image_python() -> str:
+    """A task's own image: the first python3 on its PATH (checked when a session needs it, not at start)."""
+    return shutil.which("python3") or shutil.which("python") or "/usr/bin/python3"
