@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from kuberl.agents import resolve_agent
 from kuberl.api.base import CROSS_FIELD_ERROR
 from kuberl.api.rljob import RLJob
+from kuberl.api.sandbox_images import ImageTemplateError, episode_image
 from kuberl.api.spec import (
     AGENT_REF_PATTERN,
     API_VERSION,
@@ -29,11 +30,12 @@ from kuberl.api.spec import (
     REWARD_REF_PATTERN,
     SWE_BENCH,
     EnvironmentSpec,
+    RLJobSpec,
     openenv_class,
 )
 from kuberl.api.types import DNS_LABEL_PATTERN, IMAGE_PATTERN
 from kuberl.rewards import RewardFieldError, job_rewards
-from kuberl.suites import BUILTIN_ENVIRONMENTS
+from kuberl.suites import BUILTIN_ENVIRONMENTS, environment_tasks
 from kuberl.suites.store import task_file_problems
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -155,6 +157,7 @@ def later_failures(job: RLJob) -> list[tuple[str, str]]:
     except RewardFieldError as err:
         found.append((err.field, err.message))
     found += [("spec.environment.tasks.uri", message) for message in _task_file_problems(spec.environment)]
+    found += _episode_image_problems(spec)
     uri = spec.model.uri
     if HUB_ID.match(uri) and not Path(uri).exists():
         found.append(
@@ -179,6 +182,40 @@ def _task_file_problems(env: EnvironmentSpec) -> list[str]:
 
         return [str(problem) for problem in read_instances(path)[1]]
     return task_file_problems(path)
+
+
+def _episode_image_problems(spec: RLJobSpec) -> list[tuple[str, str]]:
+    """A local task file's tasks that spec.sandbox.imageTemplate cannot name an image for, and SWE-bench-format
+    instances that run on the job's own sandbox image (no image of their own) while no mirror is given."""
+    env = spec.environment
+    uri = env.tasks.uri
+    if uri is None or uri.startswith("s3://") or not Path(uri.removeprefix("file://")).is_file():
+        return []
+    try:
+        tasks = environment_tasks(env)
+    except ValueError:
+        return []  # the row problems are reported by _task_file_problems
+    found: list[tuple[str, str]] = []
+    without_image: list[str] = []
+    for task in tasks:
+        try:
+            image = episode_image(task, spec.sandbox)
+        except ImageTemplateError as err:
+            found.append(("spec.sandbox.imageTemplate", str(err)))
+            break
+        if image is None and task.repository is not None:
+            without_image.append(task.task_id)
+    if without_image and env.tasks.repos is None:
+        shown = ", ".join(without_image[:3]) + (" ..." if len(without_image) > 3 else "")
+        found.append(
+            (
+                "spec.environment.tasks.repos",
+                f"{len(without_image)} instance(s) name no image ({shown}) and run on the sandbox image, which needs "
+                "the mirror of their repositories: set tasks.repos, or give them images (an `image` in each row, "
+                "or spec.sandbox.imageTemplate)",
+            )
+        )
+    return found
 
 
 def _openenv_problem(ref: str) -> str | None:

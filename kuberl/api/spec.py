@@ -275,7 +275,9 @@ class TaskSource(ApiModel):
     demo's policy solved 0.89 of its training tasks and 0.74 of the held-out ones (0.43 and 0.44 before RL)."""
     repos: StorageUri | None = None
     """Environment `swe-bench`: the mirror of git repositories the instances name, a folder (or `s3://` prefix)
-    of `owner__name` repositories, bare or not. Episodes start from it and never reach the network."""
+    of `owner__name` repositories, bare or not. Episodes start from it and never reach the network. Not needed
+    for instances that run in their own images (an `image` in the row, or sandbox.imageTemplate): the image
+    holds the repository."""
     environments: str | None = None
     """Environment `swe-bench`: the folder of environments prepared by `kuberl tasks prepare`; unset:
     `runs/environments`."""
@@ -333,11 +335,9 @@ class EnvironmentSpec(ApiModel):
     cross_field_rules = (
         CrossFieldRule(
             field="tasks",
-            cel="self.name != 'swe-bench' || (has(self.tasks.uri) && has(self.tasks.repos))",
-            message=(
-                "environment swe-bench needs tasks.uri (a SWE-bench-format JSONL file) and tasks.repos (the mirror)"
-            ),
-            holds=lambda e: e.name != SWE_BENCH or (e.tasks.uri is not None and e.tasks.repos is not None),
+            cel="self.name != 'swe-bench' || has(self.tasks.uri)",
+            message="environment swe-bench needs tasks.uri (a SWE-bench-format JSONL file)",
+            holds=lambda e: e.name != SWE_BENCH or e.tasks.uri is not None,
         ),
         CrossFieldRule(
             field="turnTimeout",

@@ -59,13 +59,13 @@ BROKEN = [
         True,
     ),
     (
-        "swe-bench-needs-instances-and-mirror",
+        "swe-bench-needs-instances",
         with_spec(
-            environment={"name": "swe-bench", "tasks": {"uri": "instances.jsonl"}},
+            environment={"name": "swe-bench", "tasks": {"repos": "mirror"}},
             reward={"function": "swe-bench-resolved"},
         ),
         "spec.environment.tasks",
-        "needs tasks.uri (a SWE-bench-format JSONL file) and tasks.repos",
+        "needs tasks.uri (a SWE-bench-format JSONL file)",
         True,
     ),
     (

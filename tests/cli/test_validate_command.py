@@ -3,6 +3,7 @@ document and field; never a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -228,3 +229,47 @@ def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tm
         assert "no model weights" in result.stderr and str(tmp_path / "tiny") in result.stderr
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "run2").exists()  # nothing was started or written
+
+
+def _instance(instance_id: str, **extra: object) -> str:
+    row = {
+        "instance_id": instance_id,
+        "repo": "octo/lib",
+        "base_commit": "abcdef1",
+        "test_patch": "diff --git a/t.py b/t.py\n",
+        "problem_statement": "it breaks",
+        "FAIL_TO_PASS": ["tests/test_a.py::test_b"],
+        **extra,
+    }
+    return json.dumps(row) + "\n"
+
+
+def test_an_image_template_naming_a_field_the_instances_lack_is_named(tmp_path):
+    instances = tmp_path / "instances.jsonl"
+    instances.write_text(_instance("octo__lib-1") + _instance("octo__lib-2"))
+    swe = {"name": "swe-bench", "tasks": {"uri": str(instances)}}
+    job = manifest_with(
+        environment=swe, reward={"function": "swe-bench-resolved"}, sandbox={"imageTemplate": "reg/{image_tag}"}
+    )
+    result = kuberl("validate", write(tmp_path, "job.yaml", job))
+    assert result.returncode == 2, result.stderr
+    assert "spec.sandbox.imageTemplate" in result.stderr and "{image_tag}" in result.stderr, result.stderr
+    assert "octo__lib-1" in result.stderr
+
+
+def test_instances_without_images_need_the_mirror_and_with_images_do_not(tmp_path):
+    instances = tmp_path / "instances.jsonl"
+    instances.write_text(_instance("octo__lib-1") + _instance("octo__lib-2", image="reg/lib:2"))
+    swe = {"name": "swe-bench", "tasks": {"uri": str(instances)}}
+    without = kuberl(
+        "validate", write(tmp_path, "a.yaml", manifest_with(environment=swe, reward={"function": "swe-bench-resolved"}))
+    )
+    assert without.returncode == 2 and "spec.environment.tasks.repos" in without.stderr, without.stderr
+    assert "1 instance(s) name no image (octo__lib-1)" in without.stderr
+    templated = manifest_with(
+        environment=swe,
+        reward={"function": "swe-bench-resolved"},
+        sandbox={"imageTemplate": "docker.io/swebench/sweb.eval.x86_64.{swebench_id}:latest"},
+    )
+    result = kuberl("validate", write(tmp_path, "b.yaml", templated))
+    assert result.returncode == 0, result.stderr
