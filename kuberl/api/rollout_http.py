@@ -96,6 +96,30 @@ class Trajectories(RolloutReply):
     trajectories: list[Trajectory]
 
 
+# ------------------------------------------------------------------------------------------ upcoming
+class UpcomingTask(RolloutRequest):
+    """A task the learner will submit next, and how many of its episodes."""
+
+    task_id: str = Field(min_length=1)
+    episodes: int = Field(ge=1, le=MAX_GROUP_SIZE)
+
+
+class UpcomingTasks(RolloutRequest):
+    """`POST /v1/upcoming`: the tasks of the learner's next submissions to this server, replacing the previous
+    announcement (an empty list withdraws it). The server exports them per sandbox image
+    (`kuberl_rollout_upcoming_sessions`), so the operator warms the images' pools before the episodes queue."""
+
+    tasks: list[UpcomingTask] = Field(default_factory=list, max_length=MAX_TRAJECTORIES_PER_POLL)
+
+
+class UpcomingSessions(RolloutReply):
+    """The announcement as the server counts it: episodes per sandbox image ("" the job's default servers),
+    and how many of the tasks it does not know (left out)."""
+
+    sessions: dict[str, int]
+    unknown: int = 0
+
+
 # ------------------------------------------------------------------------------------------ weights
 class Policy(RolloutReply):
     """`GET /v1/policy`: the weights' version the server samples with."""

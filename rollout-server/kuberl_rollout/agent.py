@@ -18,6 +18,7 @@ from kuberl.api.trajectory import NOT_GENERATED, FinishReason, Trajectory, Turn
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import ParseError, parse_tool_call
 from kuberl_rollout.engine import RolloutEngine
+from kuberl_rollout.environment_claim import claim_environment
 from kuberl_rollout.environment_close import close_environment
 from kuberl_rollout.sandbox_client import SandboxError
 
@@ -123,6 +124,7 @@ class Agent:
         started = time.monotonic()
         episode = EpisodeState()
         try:
+            await claim_environment(env, task)  # waiting for an image's pool is not the episode's time
             async with asyncio.timeout(self.limits.trajectory_timeout_s):
                 episode.finish = await self._loop(env, task, seed, episode)
         except TimeoutError:

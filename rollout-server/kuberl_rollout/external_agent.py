@@ -20,6 +20,7 @@ from kuberl.api.environment import EnvironmentFailure, ScoredEnvironment, StepRe
 from kuberl.api.trajectory import FinishReason, Trajectory
 from kuberl.modeling.chat import ChatFormat
 from kuberl_rollout.agent import EpisodeLimits
+from kuberl_rollout.environment_claim import claim_environment
 from kuberl_rollout.environment_close import close_environment
 from kuberl_rollout.sessions import RecordedSession, SessionStore
 
@@ -111,6 +112,7 @@ class ExternalAgent:
         finish, error = FinishReason.SUBMITTED, None
         handle: EpisodeEnvironment | None = None
         try:
+            await claim_environment(env, task)  # waiting for an image's pool is not the episode's time
             async with asyncio.timeout(self.limits.trajectory_timeout_s):
                 started = time.monotonic()
                 async with asyncio.timeout(self.limits.turn_timeout_s):

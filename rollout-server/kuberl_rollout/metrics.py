@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from kuberl.api.trajectory import FinishReason
 
 disable_created_metrics()
+DEFAULT_IMAGE = ""
+"""The `image` label of episodes on the job's default sandbox servers."""
 _TURN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -14,8 +16,33 @@ class RolloutMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.generated_tokens = Counter("kuberl_rollout_generated_tokens_total", "Tokens sampled.", registry=r)
-        self.active_sessions = Gauge("kuberl_rollout_active_sessions", "Episodes running now.", registry=r)
-        self.queued = Gauge("kuberl_rollout_queued_trajectories", "Episodes accepted, not yet started.", registry=r)
+        self.active_sessions = ImageGauge(
+            Gauge("kuberl_rollout_active_sessions", "Episodes running now, by sandbox image.", ["image"], registry=r)
+        )
+        self.queued = ImageGauge(
+            Gauge(
+                "kuberl_rollout_queued_trajectories",
+                "Episodes accepted, not yet started, by sandbox image.",
+                ["image"],
+                registry=r,
+            )
+        )
+        self.upcoming = ImageGauge(
+            Gauge(
+                "kuberl_rollout_upcoming_sessions",
+                "Episodes the learner announced it will submit next, not yet submitted, by sandbox image.",
+                ["image"],
+                registry=r,
+            )
+        )
+        self.sandbox_wait_seconds = Histogram(
+            "kuberl_rollout_sandbox_wait_seconds",
+            "Seconds from an episode's start to its sandbox session open (an image's pool warming up included).",
+            ["image"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200),
+            registry=r,
+        )
+        self.sandbox_wait_seconds.labels(DEFAULT_IMAGE)
         self.turn_seconds = Histogram(
             "kuberl_rollout_turn_seconds",
             "Seconds of one turn, by phase.",
@@ -69,3 +96,32 @@ class RolloutMetrics:
             "Episodes stopped by a weight update's drain timeout and played again on the new weights.",
             registry=r,
         )
+
+
+class ImageGauge:
+    """A gauge by sandbox image that counts up and down. An image's series goes away at 0, so the thousands of
+    images a dataset may name over a run do not stay in every scrape; the default image's (`""`) stays, at 0
+    when idle, so a reader of the unlabelled sum always finds the metric."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self.counts: dict[str, int] = {DEFAULT_IMAGE: 0}
+        gauge.labels(DEFAULT_IMAGE).set(0)
+
+    def inc(self, amount: int = 1, image: str = DEFAULT_IMAGE) -> None:
+        self.set(self.counts.get(image, 0) + amount, image)
+
+    def dec(self, amount: int = 1, image: str = DEFAULT_IMAGE) -> None:
+        self.set(self.counts.get(image, 0) - amount, image)
+
+    def set(self, value: int, image: str = DEFAULT_IMAGE) -> None:
+        """Like prometheus_client's: a caller that knows no image sets the default's."""
+        if value == 0 and image != DEFAULT_IMAGE:
+            if self.counts.pop(image, None) is not None:
+                self.gauge.remove(image)
+            return
+        self.counts[image] = value
+        self.gauge.labels(image).set(value)
+
+    def value(self, image: str = DEFAULT_IMAGE) -> int:
+        return self.counts.get(image, 0)

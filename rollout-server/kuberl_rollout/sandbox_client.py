@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -41,6 +41,10 @@ from kuberl.api.sandbox_http import (
 )
 from kuberl.rewards import EpisodeScorer
 from kuberl.tokens import bearer
+from kuberl_rollout.metrics import DEFAULT_IMAGE
+
+if TYPE_CHECKING:
+    from kuberl_rollout.sandbox_pools import SandboxPools
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +218,13 @@ class SandboxEnvironment:
         process_weight: float = 0.0,
         session_started: Callable[[float], None] | None = None,
         command_timeout_s: float | None = None,
+        pools: SandboxPools | None = None,
     ) -> None:
         self.client = client
+        # per-image pools (the rollout server's, on a cluster): a task with an image opens its session there
+        self.pools = pools
+        self._started = time.perf_counter()  # the episode's start: its sandbox wait counts from here
+        self._claimed: dict[str, Any] | None = None
         # told the seconds each session took to open (the rollout tier's metric; the sandbox autoscaler's input)
         self.session_started = session_started
         # the sandbox's limit of one command (its own default: 30 s): the job's turnTimeout, so that a test run
@@ -236,12 +245,25 @@ class SandboxEnvironment:
     def results(self) -> list[StepResult]:
         return self.scorer.results
 
+    async def claim(self, task: Task) -> None:
+        """Open the session of a task that runs on its image's pool, waiting while the pool warms up (up to the
+        claim timeout: NoSandbox), before the episode's clock starts; `reset` then starts on it. A task on the
+        job's default servers opens its session in `reset`."""
+        if self.pools is None or not (image := self.pools.image(task)):
+            return
+        self.client, self._claimed = await self.pools.claim(task, image, self.command_timeout_s, self._started)
+        self.session_id = self._claimed["sessionId"]  # closed with the environment, whatever happens next
+
     async def reset(self, task: Task) -> str:
-        """Open a session on `task`; returns the initial observation."""
-        started = time.perf_counter()
-        created = await self.client.create_session(task, self.command_timeout_s)
-        if self.session_started is not None:
-            self.session_started(time.perf_counter() - started)
+        """Open a session on `task` (or take the one `claim` opened); returns the initial observation."""
+        created, self._claimed = self._claimed, None
+        if created is None:
+            started = time.perf_counter()
+            created = await self.client.create_session(task, self.command_timeout_s)
+            if self.session_started is not None:
+                self.session_started(time.perf_counter() - started)
+            if self.pools is not None:
+                self.pools.opened(DEFAULT_IMAGE, self._started)
         self.session_id = created["sessionId"]
         self.scorer.start(task)
         return created["observation"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from kuberl_rollout.engine import EngineConfig, RolloutEngine
 from kuberl_rollout.external_agent import ExternalAgent
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
+from kuberl_rollout.sandbox_pools import SandboxPools
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.state import RolloutState
 from kuberl_rollout.weights import BucketAssembler, expected_tensors
@@ -43,6 +43,8 @@ class RolloutSettings:
     """Overrides spec.model.uri (a local copy already made)."""
     server_url: str = "http://127.0.0.1:8800"
     """This server's own URL as its external agents reach it (they run in this process)."""
+    sandbox_pool_url: str | None = None
+    """An image's pool's address with `{pool}` in it (env_vars.SANDBOX_POOL_URL); None: no per-image pools."""
 
 
 def episode_limits(job: RLJob) -> EpisodeLimits:
@@ -90,6 +92,8 @@ class EpisodeWorld:
 
     open: Callable[[], ScoredEnvironment]
     system_prompt: str
+    image_of: Callable[[Task], str] | None = None
+    """The sandbox image a task's episodes run in ("" the job's servers); None: no sandboxes."""
 
 
 def episode_world(settings: RolloutSettings, rewards: Rewards, metrics: RolloutMetrics) -> EpisodeWorld:
@@ -102,15 +106,29 @@ def episode_world(settings: RolloutSettings, rewards: Rewards, metrics: RolloutM
 
         openenv = OpenEnvEnvironments(resolve_openenv_class(ref), *scoring)
         return EpisodeWorld(openenv.open, openenv.system_prompt)
-    sandboxes = itertools.cycle([SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls])
+    pools = sandbox_pools(settings, metrics)
     started = metrics.sandbox_session_start_seconds.observe
     turn_s = parse_duration(settings.job.spec.environment.turn_timeout)
 
     def open_session() -> ScoredEnvironment:
-        return SandboxEnvironment(next(sandboxes), *scoring, session_started=started, command_timeout_s=turn_s)
+        client = pools.default_client()
+        return SandboxEnvironment(client, *scoring, session_started=started, command_timeout_s=turn_s, pools=pools)
 
     prompt = REPOSITORY_SYSTEM_PROMPT if settings.job.spec.environment.name == SWE_BENCH else SWE_SYSTEM_PROMPT
-    return EpisodeWorld(open_session, prompt)
+    return EpisodeWorld(open_session, prompt, pools.image)
+
+
+def sandbox_pools(settings: RolloutSettings, metrics: RolloutMetrics) -> SandboxPools:
+    """The job's sandbox servers, and its images' pools where the operator keeps them."""
+    sandbox = settings.job.spec.sandbox
+    return SandboxPools(
+        [SandboxClient(url, settings.sandbox_token) for url in settings.sandbox_urls],
+        settings.sandbox_token,
+        settings.job.name,
+        sandbox,
+        settings.sandbox_pool_url,
+        observe_wait=lambda image, seconds: metrics.sandbox_wait_seconds.labels(image).observe(seconds),
+    )
 
 
 def build_app(settings: RolloutSettings) -> FastAPI:
@@ -144,6 +162,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             spec.rollout.concurrent_sessions,
             metrics,
         )
+        if world.image_of is not None:
+            service.image_of = world.image_of
         if entry_point is not None and agent_ref is not None:
             service.runner = ExternalAgent(
                 entry_point, agent_ref, service.sessions, settings.server_url, agent.chat, agent.limits, agent.observe
@@ -182,4 +202,5 @@ def settings_from_env(
         job_token=read_job_token(),  # MissingToken is a ValueError: a usage error naming what to set
         model_path=model_path,
         server_url=server_url,
+        sandbox_pool_url=os.environ.get(env_vars.SANDBOX_POOL_URL) or None,
     )

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
-from kuberl.api.rollout_http import GroupInfo
+from kuberl.api.rollout_http import GroupInfo, UpcomingSessions
+from kuberl.api.sandbox_images import ImageTemplateError
 from kuberl.api.trajectory import Trajectory
 from kuberl.errors import ServiceError
 from kuberl.rewards import task_problem
@@ -55,6 +56,8 @@ class Group:
     group_id: str
     task: Task
     size: int
+    image: str = ""
+    """The sandbox image its episodes run in ("" the job's default servers): the label of its metrics."""
     finished: int = 0
     failed: int = 0
     cancelled: bool = False
@@ -100,6 +103,10 @@ class RolloutService:
         """A new environment per episode, scored by the job's reward functions (a sandbox session, an OpenEnv
         environment...)."""
         self.reward_fn = reward_fn
+        self.image_of: Callable[[Task], str] = lambda task: ""
+        """The sandbox image a task's episodes run in ("" the job's default servers; `SandboxPools.image`)."""
+        self.upcoming: dict[str, int] = {}
+        """Episodes per task the learner announced it will submit next (`announce`), less those submitted since."""
         self._slots = asyncio.Semaphore(concurrent_sessions)
         self.max_backlog = max_backlog or 8 * concurrent_sessions
         self.groups: dict[str, Group] = {}  # groups with episodes running or trajectories not yet taken
@@ -129,14 +136,49 @@ class RolloutService:
             raise WorkError(400, problem)
         if self._open_episodes + size > self.max_backlog:
             raise WorkError(429, f"backlog full ({self._open_episodes} episodes open, limit {self.max_backlog})")
-        group = Group(group_id=uuid.uuid4().hex, task=task, size=size)
+        image = self._image(task)
+        group = Group(group_id=uuid.uuid4().hex, task=task, size=size, image=image)
         self.groups[group.group_id] = group
         for i in range(size):
             episode_seed = None if seed is None else seed * 1000 + i
             group.episodes.append(asyncio.create_task(self._episode(group, episode_seed)))
         self._open_episodes += size
-        self.metrics.queued.inc(size)
+        self.metrics.queued.inc(size, image)
+        if task.task_id in self.upcoming:  # announced, now submitted: queued, no longer upcoming
+            self._announced(task, max(0, self.upcoming[task.task_id] - size), image)
         return group
+
+    def announce(self, upcoming: list[tuple[str, int]]) -> UpcomingSessions:
+        """Replace the learner's announcement of its next submissions (task id, episodes); tasks this server
+        does not know (or whose image template it cannot fill) are left out. The episodes per image are
+        exported for the operator's pools."""
+        for task_id in list(self.upcoming):
+            task = self.tasks[task_id]
+            self._announced(task, 0, self._image(task))
+        unknown = 0
+        for task_id, episodes in upcoming:
+            task = self.tasks.get(task_id)
+            try:
+                image = self._image(task) if task is not None else None
+            except WorkError:  # its template cannot be filled: its submission will say so
+                image = None
+            if task is None or image is None:
+                unknown += 1
+                continue
+            self._announced(task, self.upcoming.get(task_id, 0) + episodes, image)
+        return UpcomingSessions(sessions=dict(self.metrics.upcoming.counts), unknown=unknown)
+
+    def _announced(self, task: Task, episodes: int, image: str) -> None:
+        """Set `task`'s announced episodes, and its image's gauge with them."""
+        self.metrics.upcoming.inc(episodes - self.upcoming.pop(task.task_id, 0), image)
+        if episodes:
+            self.upcoming[task.task_id] = episodes
+
+    def _image(self, task: Task) -> str:
+        try:
+            return self.image_of(task)
+        except ImageTemplateError as err:
+            raise WorkError(400, str(err)) from None
 
     def describe(self, group_id: str) -> GroupInfo:
         group = self.groups.get(group_id)
@@ -220,7 +262,7 @@ class RolloutService:
                     await self._may_start.wait()
                     if not started:
                         started = True
-                        self.metrics.queued.dec()
+                        self.metrics.queued.dec(1, group.image)
                     trajectory = await self._play(group, seed)
                     if trajectory is not None:
                         break
@@ -228,7 +270,7 @@ class RolloutService:
             self._deliver(group, trajectory)
         except asyncio.CancelledError:
             if not started:
-                self.metrics.queued.dec()
+                self.metrics.queued.dec(1, group.image)
             self.metrics.trajectories.labels("cancelled").inc()
         finally:
             self._open_episodes -= 1
@@ -238,7 +280,7 @@ class RolloutService:
     async def _play(self, group: Group, seed: int | None) -> Trajectory | None:
         """One play of an episode; None when a weight update stopped it (switch_policy's drain timeout)."""
         self._running += 1
-        self.metrics.active_sessions.inc()
+        self.metrics.active_sessions.inc(1, group.image)
         play = None
         try:
             play = asyncio.create_task(self.runner.run(self.open_environment(), group.task, group.group_id, seed))
@@ -250,7 +292,7 @@ class RolloutService:
             return None  # only the play was: its environment is closed, the episode starts again
         finally:
             self._plays.discard(play)
-            self.metrics.active_sessions.dec()
+            self.metrics.active_sessions.dec(1, group.image)
             self._running -= 1
             async with self._idle:
                 self._idle.notify_all()

@@ -1,4 +1,5 @@
-"""The learner's work API: submit task groups, follow or cancel them, take finished trajectories.
+"""The learner's work API: submit task groups, follow or cancel them, take finished trajectories, announce the
+next submissions (so the operator warms their sandbox images' pools).
 
 Bodies are the models of `kuberl.api.rollout_http`, which the learner's client uses too; every route asks for the
 job token.
@@ -10,7 +11,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from kuberl.api.rollout_http import AcceptedGroup, GroupInfo, Problem, SubmitGroup, Trajectories, TrajectoryQuery
+from kuberl.api.rollout_http import (
+    AcceptedGroup,
+    GroupInfo,
+    Problem,
+    SubmitGroup,
+    Trajectories,
+    TrajectoryQuery,
+    UpcomingSessions,
+    UpcomingTasks,
+)
 from kuberl_rollout.auth import JOB_TOKEN
 from kuberl_rollout.state import State
 
@@ -44,3 +54,8 @@ async def cancel(group_id: str, s: State) -> GroupInfo:
 async def trajectories(query: Annotated[TrajectoryQuery, Query()], s: State) -> Trajectories:
     found = await s.service.take(query.limit, query.wait)
     return Trajectories(boot_id=s.service.boot_id, trajectories=found)
+
+
+@router.post("/upcoming")
+async def upcoming(body: UpcomingTasks, s: State) -> UpcomingSessions:
+    return s.service.announce([(t.task_id, t.episodes) for t in body.tasks])
