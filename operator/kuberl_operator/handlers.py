@@ -175,17 +175,26 @@ def observe(
             config.job_images,
         )
         clock = time.monotonic()
-        if (
-            wanted := reconcile.autoscale_sandbox(
-                kube(), dict(body), pods, memory, post, clock, config.autoscale_interval_s
-            )
-        ) is not None:
-            status = status.model_copy(update={"sandbox_replicas": wanted})
+        scaled = reconcile.autoscale_sandbox(
+            kube(),
+            dict(body),
+            pods,
+            memory,
+            post,
+            clock,
+            config.autoscale_interval_s,
+            config.sandbox_security,
+            config.job_images,
+        )
+        if scaled is not None:
+            pools = {"sandbox_replicas": scaled.sandbox_replicas, "sandbox_pools": scaled.sandbox_pools}
+            status = status.model_copy(update=pools)
     _export(body, status)
 
 
 def delete(body: kopf.Body, retry: int, logger: kopf.Logger, **_: Any) -> None:
     metrics.jobs.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+    metrics.pools.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         with metrics.timed("delete"), _lock(body):
             gone = reconcile.clean_up(kube(), dict(body))

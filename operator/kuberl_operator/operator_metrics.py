@@ -3,12 +3,15 @@ metrics of every job it drives (kuberl.job_metrics), served on `kuberl operator 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
+from kuberl.api.status import SandboxPoolStatus
 from kuberl.job_metrics import JobMetrics
 
 disable_created_metrics()
@@ -49,3 +52,68 @@ def timed(handler: str) -> Iterator[None]:
 
 def serve(port: int, address: str = "0.0.0.0") -> None:
     start_http_server(port, address, registry=registry)
+
+
+class PoolMetrics:
+    """The sandbox pools per image of every job: pods asked for and ready per pool, unusable images, pods the
+    caps denied, and image failures (a counter). A pool's series go when the pool leaves the job's status."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["namespace", "rljob", "pool", "image"]
+        self.replicas = Gauge(
+            "kuberl_sandbox_pool_replicas", "Pods the planner asks for, per image pool.", labels, registry=registry
+        )
+        self.ready = Gauge("kuberl_sandbox_pool_ready_pods", "Ready pods per image pool.", labels, registry=registry)
+        self.unusable = Gauge(
+            "kuberl_sandbox_pool_unusable_images",
+            "Images whose pods cannot run (pull failures, crash loops, no shell): their instances are masked.",
+            ["namespace", "rljob"],
+            registry=registry,
+        )
+        self.capped = Gauge(
+            "kuberl_sandbox_pool_capped_pods",
+            "Pods the pools wanted that maxReplicas or maxWarmImages denied at the last plan.",
+            ["namespace", "rljob"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "kuberl_sandbox_image_failures",
+            "Images found unusable, by reason (ErrImagePull, ImagePullBackOff, InvalidImageName, CrashLoopBackOff, "
+            "ServerCannotStart).",
+            ["namespace", "rljob", "reason"],
+            registry=registry,
+        )
+        self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, namespace: str, job: str, statuses: Iterable[SandboxPoolStatus], capped: int) -> None:
+        statuses = list(statuses)
+        with self._lock:
+            now = {(s.pool, s.image) for s in statuses}
+            for pool, image in self._series.get((namespace, job), set()) - now:
+                self.replicas.remove(namespace, job, pool, image)
+                self.ready.remove(namespace, job, pool, image)
+            self._series[namespace, job] = now
+            for s in statuses:
+                self.replicas.labels(namespace, job, s.pool, s.image).set(s.replicas)
+                self.ready.labels(namespace, job, s.pool, s.image).set(s.ready)
+            self.unusable.labels(namespace, job).set(sum(1 for s in statuses if s.unusable))
+            self.capped.labels(namespace, job).set(capped)
+
+    def image_failed(self, namespace: str, job: str, reason: str) -> None:
+        self.failures.labels(namespace, job, reason).inc()
+
+    def forget(self, namespace: str, job: str) -> None:
+        """A deleted job's series go."""
+        with self._lock:
+            for pool, image in self._series.pop((namespace, job), set()):
+                self.replicas.remove(namespace, job, pool, image)
+                self.ready.remove(namespace, job, pool, image)
+            for gauge in (self.unusable, self.capped):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, job)
+            for labels in [k for k in list(self.failures._metrics) if k[:2] == (namespace, job)]:
+                self.failures.remove(*labels)
+
+
+pools = PoolMetrics(registry)

@@ -18,7 +18,7 @@ from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
 from kuberl.kube import Kube, collection_path, rljob_path
 from kuberl_operator import queueing
 from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
-from kuberl_operator.autoscale import ScalerState, recommend
+from kuberl_operator.autoscale import SandboxDemand, ScalerState, recommend
 from kuberl_operator.demand import StartLatency, scrape_demand
 from kuberl_operator.images import JobImages
 from kuberl_operator.lifecycle import (
@@ -41,6 +41,8 @@ from kuberl_operator.observe import (
     sandbox_start_failure,
     tier_states,
 )
+from kuberl_operator.operator_metrics import pools as pool_metrics
+from kuberl_operator.pool_reconcile import PoolsMemory, delete_pools, reconcile_pools, scale_pools_to_zero
 from kuberl_operator.security import SandboxPodSecurity
 
 SPEC_CHANGE_REFUSED = "SpecChangeRefused"
@@ -63,6 +65,7 @@ class Memory:
     scaler: ScalerState = field(default_factory=ScalerState)  # the sandbox autoscaler's window
     start_latency: StartLatency = field(default_factory=StartLatency)
     autoscaled_at: float | None = None  # time.monotonic() of the last autoscaling decision
+    pools: PoolsMemory = field(default_factory=PoolsMemory)  # the per-image pools' planner and failures
 
 
 def post_event(kube: Kube, body: dict[str, Any], event: Event, now: datetime) -> None:
@@ -214,9 +217,10 @@ def apply_job(
         return []
     scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES or admission(kube, job, namespace) is False
     uid = body["metadata"]["uid"]
-    return apply_children(
+    written = apply_children(
         kube, job, namespace, uid, scaled_down, new=new, security=security, peers=peers, images=images
     )
+    return written + (scale_pools_to_zero(kube, job, namespace) if scaled_down and not new else [])
 
 
 def drive(
@@ -271,23 +275,65 @@ def autoscale_sandbox(
     post: PostEvent,
     clock: float,
     interval_s: float,
-) -> int | None:
-    """Every `interval_s` seconds (of `clock`) for a live job whose sandbox tier the operator scales: the rollout tier's
-    demand -> kuberl_operator.autoscale.recommend -> the Deployment's replicas and status.sandboxReplicas.
-    Returns the replicas asked for (None when nothing was decided)."""
+    security: SandboxPodSecurity | None = None,
+    images: JobImages | None = None,
+) -> RLJobStatus | None:
+    """Every `interval_s` seconds (of `clock`) for a live job: the rollout tier's demand -> the default pool's
+    replicas (kuberl_operator.autoscale.recommend, when the operator scales it) and each image's pool
+    (pool_reconcile) -> status.sandboxReplicas and status.sandboxPools. Returns the status written (None when
+    nothing was decided)."""
     status, job = current_status(body), parse_job(body)
-    if status.phase not in _LIVE_PHASES or job.spec.sandbox.autoscaler != SandboxAutoscaler.OPERATOR:
+    if status.phase not in _LIVE_PHASES:
         return None
     if memory.autoscaled_at is not None and clock - memory.autoscaled_at < interval_s:
         return None
     memory.autoscaled_at = clock
-    if (demand := scrape_demand(pods, memory.start_latency)) is None:
-        return None  # no rollout server answered: hold, decide on the next report
-    meta, spec = body["metadata"], job.spec.sandbox
+    demand = scrape_demand(pods, memory.start_latency, memory.pools.waits)
+    meta = body["metadata"]
     deployment = f"{collection_path('apps/v1', 'Deployment', meta['namespace'])}/{child_name(job, SANDBOX)}"
     current = ((kube.get(deployment) or {}).get("spec") or {}).get("replicas")
     if not isinstance(current, int):
         return None  # no Deployment yet
+    default = current
+    if demand is not None and job.spec.sandbox.autoscaler == SandboxAutoscaler.OPERATOR:
+        default = _scale_default_pool(kube, deployment, job, demand.default, current, memory, post, clock)
+    outcome = reconcile_pools(
+        kube,
+        body,
+        job,
+        pods,
+        demand.images if demand else None,
+        memory.pools,
+        clock,
+        default,
+        status.sandbox_pools,
+        security,
+        images,
+    )
+    for image, failure in outcome.new_failures.items():
+        pool_metrics.image_failed(meta["namespace"], meta["name"], failure.reason)
+        post(Event("Warning", "SandboxImageUnusable", f"image {image}: {failure.reason}: {failure.message}"))
+    pool_metrics.observe(meta["namespace"], meta["name"], outcome.statuses, outcome.capped)
+    update: dict[str, Any] = {"sandbox_pools": outcome.statuses}
+    if job.spec.sandbox.autoscaler == SandboxAutoscaler.OPERATOR and demand is not None:
+        update["sandbox_replicas"] = default
+    new = status.model_copy(update=update)
+    write_status(kube, body, status, new)
+    return new
+
+
+def _scale_default_pool(
+    kube: Kube,
+    deployment: str,
+    job: RLJob,
+    demand: SandboxDemand,
+    current: int,
+    memory: Memory,
+    post: PostEvent,
+    clock: float,
+) -> int:
+    """The default pool's replicas from its demand (the tasks that name no image); returns them."""
+    spec = job.spec.sandbox
     rec = recommend(
         demand,
         current,
@@ -307,10 +353,6 @@ def autoscale_sandbox(
                 f"sandbox pods {current} -> {rec.replicas} ({rec.reason}): "
                 f"{demand.sessions_wanted} sessions wanted, {spec.sessions_per_pod} per pod",
             )
-        )
-    if status.sandbox_replicas != rec.replicas:
-        kube.patch(
-            rljob_path(meta["namespace"], meta["name"]) + "/status", {"status": {"sandboxReplicas": rec.replicas}}
         )
     return rec.replicas
 
@@ -366,6 +408,7 @@ def _act(
     if action.kind == ActionKind.SCALE_TO_ZERO:
         # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
         apply_children(kube, job, namespace, uid, scaled_down=True, security=security, peers=peers, images=images)
+        scale_pools_to_zero(kube, job, namespace)  # the image pools' replicas are the planner's, not applied
     elif action.kind == ActionKind.RESTART_LEARNER_GANG:
         # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
         for pod in pods:
@@ -382,7 +425,7 @@ def clean_up(kube: Kube, body: dict[str, Any]) -> list[str]:
     """Delete the children and the job's pods (which the garbage collector would delete with them)."""
     meta = body["metadata"]
     job = parse_job(body)
-    gone = delete_children(kube, job, meta["namespace"])
+    gone = delete_pools(kube, job, meta["namespace"]) + delete_children(kube, job, meta["namespace"])
     pods = collection_path("v1", "Pod", meta["namespace"])
     for pod in kube.list(pods, {JOB_LABEL: job.name}):
         if kube.delete(f"{pods}/{pod['metadata']['name']}"):
