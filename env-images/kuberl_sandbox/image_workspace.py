@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kuberl_sandbox import workspace as ws
-from kuberl_sandbox.programs import SETPRIV, TAR
+from kuberl_sandbox.programs import SETPRIV, TAR, UNSHARE
 from kuberl_sandbox.rights import Owner
 
 SHELL = "/bin/sh"
@@ -111,11 +111,11 @@ def shell_problem(shell: str = SHELL) -> str | None:
     )
 
 
-def bundle_problem(tools: str) -> str | None:
-    """Why the portable bundle cannot serve (one line), or None."""
-    if os.access(f"{tools}/unshare", os.X_OK):
+def bundle_problem() -> str | None:
+    """Why the portable bundle's tools cannot serve (one line), or None."""
+    if os.access(UNSHARE, os.X_OK):
         return None
     return (
-        f"sandbox: the portable server's tools are not at {tools}: mount the bundle there with an init container "
+        f"sandbox: the portable server's tools are not there ({UNSHARE}): mount the bundle with an init container "
         "of the sandbox image running kuberl.portable_server.install_argv()"
     )

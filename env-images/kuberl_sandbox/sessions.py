@@ -73,7 +73,7 @@ def isolation_problem(settings: SandboxSettings, why: str | None) -> str | None:
 
 def foreign_image_problem() -> str | None:
     """What a task's own image lacks that the portable server needs (one line naming it and what to do), or None."""
-    return image_workspace.bundle_problem(portable_server.TOOLS) or image_workspace.shell_problem()
+    return image_workspace.bundle_problem() or image_workspace.shell_problem()
 
 
 TERMINATION_LOG = Path("/dev/termination-log")
