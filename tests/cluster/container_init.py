@@ -6,7 +6,8 @@
 so it starts as PID 1 of a fresh PID namespace, in a mount and UTS namespace of its own and the pod's network
 namespace. It does what a container runtime does before the entrypoint: makes the image's root filesystem the
 container's root when the image is a real one (enter_image; else the node's root, with the checkout standing in),
-mounts a fresh /run and the pod's volumes at their mount paths (bind mounts, a tmpfs for `medium: Memory`),
+mounts a fresh /run and the pod's volumes at their mount paths (bind mounts, a tmpfs for `medium: Memory`) and
+the file for its termination message (/dev/termination-log),
 makes the root filesystem read-only when the container asks for it, sets the hostname, drops to the
 container's user and groups, and execs the command (PID 1 stays the container's process, as in a container:
 SIGTERM reaches it only if it handles it).
@@ -187,6 +188,12 @@ def enter_checkout(spec: dict) -> None:
     for kept in spec.get("keep") or []:
         mount("--bind", kept["path"], kept["staging"])
     for m in spec["mounts"]:
+        if m.get("file"):  # a file's mount point (the termination message's): the node's, or made in /run
+            if not os.path.exists(m["target"]):
+                os.makedirs(os.path.dirname(m["target"]), exist_ok=True)
+                open(m["target"], "a").close()
+            mount("--bind", m["source"], m["target"])
+            continue
         os.makedirs(m["target"], exist_ok=True)
         if m.get("tmpfs"):
             mount("-t", "tmpfs", "-o", "mode=1777,size=512m", "tmpfs", m["target"])

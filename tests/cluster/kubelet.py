@@ -17,7 +17,13 @@ suite"); in short:
   securityContext's drop and add) and no_new_privs; no seccomp, cgroups or resource limits;
 - the environment: the image's ENV, `env` with `value`/`valueFrom` (fieldRef, secretKeyRef,
   configMapKeyRef) and `$(VAR)` references, `envFrom`, and the in-cluster API address; no service links;
-- status: phase, podIP, hostIP, container states, restarts and the Ready conditions, with startup,
+- init containers: run one at a time, in order, each to its end before the containers start, with the pod's
+  volumes and a container's isolation; a failed one starts again after a back-off (restartPolicy Never: the
+  pod fails), the containers waiting in PodInitializing;
+- images: one neither in local containers storage nor built by a project Dockerfile is ErrImagePull, then
+  ImagePullBackOff until the next try (tests/cluster/container_status.py);
+- status: phase, podIP, hostIP, container and init container states, restarts, termination messages
+  (terminationMessagePath, FallbackToLogsOnError) and the Initialized and Ready conditions, with startup,
   readiness and liveness HTTP probes (startup and readiness periods capped at PROBE_PERIOD_CAP_S);
 - deletion: a finalizer of its own keeps a deleted pod until its containers have stopped: preStop, then
   SIGTERM, then SIGKILL when terminationGracePeriodSeconds has passed; restartPolicy with a back-off that
@@ -41,12 +47,11 @@ import threading
 import time
 import traceback
 import urllib.request
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cluster.container_init import CAPABILITIES
+from cluster.container_status import DEFAULT_MESSAGE_PATH, Container, ProbeState, now, termination_message
 from cluster.image_store import ImageStoreError, stored_image
 from cluster.images import (
     BASE_PATH,
@@ -101,10 +106,6 @@ def node_unavailable() -> str | None:
     return None
 
 
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -157,62 +158,6 @@ def _probe_ok(probe: dict[str, Any], address: str, ports: dict[str, int]) -> boo
         return False
 
 
-@dataclass
-class ProbeState:
-    spec: dict[str, Any] | None
-    period: float
-    next_at: float = 0.0
-    failures: int = 0
-    successes: int = 0
-    passed: bool = False
-
-
-@dataclass
-class Container:
-    spec: dict[str, Any]
-    process: subprocess.Popen[bytes] | None = None
-    started_at: str | None = None
-    restarts: int = 0
-    restart_at: float | None = 0.0  # when to (re)start; None: not again
-    last_exit: int | None = None
-    last_terminated: dict[str, Any] | None = None
-    waiting: tuple[str, str] | None = ("ContainerCreating", "")
-    terminated: dict[str, Any] | None = None
-    probes: dict[str, ProbeState] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.spec["name"]
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def pid1(self) -> int | None:
-        """The container's own process (PID 1 of its namespace): the one child of `unshare --fork`."""
-        if not self.running():
-            return None
-        assert self.process is not None
-        try:
-            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
-
-    def started(self) -> bool:
-        """Its startup probe (if any) has passed."""
-        startup = self.probes.get("startup")
-        return not (startup and startup.spec) or startup.passed
-
-    def ready(self) -> bool:
-        if not self.running():
-            return False
-        startup, readiness = self.probes.get("startup"), self.probes.get("readiness")
-        if startup and startup.spec and not startup.passed:
-            return False
-        return not (readiness and readiness.spec) or readiness.passed
-
-
 class PodRunner:
     """One pod's life on the node, in a thread of its own: set-up, containers, probes, status, deletion."""
 
@@ -223,6 +168,7 @@ class PodRunner:
         self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
         self.dir = agent.pods_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         self.spec = pod["spec"]
+        self.init_containers = [Container(c, init=True) for c in self.spec.get("initContainers") or []]
         self.containers = [Container(c) for c in self.spec["containers"]]
         self.netns: str | None = None
         self.address: str | None = None
@@ -336,6 +282,8 @@ class PodRunner:
             # those under /run are made in the container's /run; an image has its own root for them all
             if image.rootfs is None and not m["target"].startswith(("/run/", "/var/run/")):
                 self.agent.mount_point(m["target"])
+        if message_path := c.spec.get("terminationMessagePath", DEFAULT_MESSAGE_PATH):
+            mounts.append(self.message_mount(c, message_path, image))
         expose = []
         if uid != 0 and image.rootfs is None:
             staging = self.dir / "interpreter"
@@ -370,8 +318,7 @@ class PodRunner:
         namespaces = ["--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
         command = ["ip", "netns", "exec", str(self.netns), "unshare", *namespaces]
         command += [sys.executable, str(INIT), str(spec_file)]
-        logfile = self.agent.workdir / "logs" / f"{self.namespace}_{self.name}_{c.name}.log"
-        with logfile.open("ab") as out:
+        with self.logfile(c).open("ab") as out:
             out.write(f"--- {now()} start {argv}\n".encode())
             out.flush()
             c.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -384,6 +331,20 @@ class PodRunner:
                 period = min(period, PROBE_PERIOD_CAP_S)
             delay = float((probe or {}).get("initialDelaySeconds", 0))
             c.probes[kind] = ProbeState(probe, period, now_s + delay)
+
+    def message_mount(self, c: Container, target: str, image: Image) -> dict[str, Any]:
+        """A fresh, empty file for the container's termination message, writable by any user (as the
+        kubelet makes it), bound at its terminationMessagePath."""
+        c.message_file = self.dir / "termination" / c.name
+        c.message_file.parent.mkdir(exist_ok=True)
+        c.message_file.write_bytes(b"")
+        os.chmod(c.message_file, 0o666)
+        if image.rootfs is None and not target.startswith(("/run/", "/var/run/")):
+            self.agent.mount_point(target, file=True)
+        return {"source": str(c.message_file), "target": target, "file": True}
+
+    def logfile(self, c: Container) -> Path:
+        return self.agent.workdir / "logs" / f"{self.namespace}_{self.name}_{c.name}.log"
 
     # --- running
 
@@ -415,9 +376,16 @@ class PodRunner:
                 time.sleep(1)
         self.failure = None
         policy = self.spec.get("restartPolicy", "Always")
+        # init containers: one at a time, in order, each to its end; a failed one starts again (after a
+        # back-off) unless the pod's restartPolicy is Never, and the pod's containers wait for them all
+        init_policy = "Never" if policy == "Never" else "OnFailure"
         while not self.deleting.is_set() and not self.gone.is_set():
-            for c in self.containers:
-                self.tend(c, policy)
+            pending = next((c for c in self.init_containers if not c.completed()), None)
+            if pending is not None:
+                self.tend(pending, init_policy)
+            else:
+                for c in self.containers:
+                    self.tend(c, policy)
             self.report()
             time.sleep(TICK_S)
         if self.deleting.is_set():
@@ -433,22 +401,9 @@ class PodRunner:
         if c.process is not None and c.process.poll() is not None:
             code = c.process.returncode
             code = 128 - code if code < 0 else code
-            c.last_exit = code
-            c.terminated = {
-                "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
-                "startedAt": c.started_at,
-                "finishedAt": now(),
-            }
-            c.process = None
+            message = termination_message(c.spec, c.message_file, self.logfile(c), code)
             again = policy == "Always" or (policy == "OnFailure" and code != 0)
-            if again:
-                delay = min(10.0, 2.0 ** min(c.restarts, 4) * 0.5 + 0.5)
-                c.restart_at = monotonic + delay
-                c.last_terminated, c.terminated = c.terminated, None
-                c.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container")
-            else:
-                c.restart_at = None
+            c.exited(code, message, again, f"{self.name}_{self.namespace}({self.uid})", monotonic)
         if c.process is None and c.restart_at is not None and monotonic >= c.restart_at:
             first = c.started_at is None
             try:
@@ -456,10 +411,12 @@ class PodRunner:
                 if not first:
                     c.restarts += 1
             except ImageNotFound as err:
-                c.waiting, c.restart_at = ("ErrImagePull", str(err)), monotonic + 5
+                c.pull_failed(str(err), monotonic)
             except (ExecutableNotFound, PermissionError, ValueError, KeyError) as err:
                 c.waiting, c.restart_at = ("CreateContainerConfigError", str(err)), monotonic + 5
             return
+        if c.process is None:
+            c.pull_backing_off()  # ErrImagePull has been reported once: back-off until the next try
         if c.running():
             self.probe(c)
 
@@ -535,22 +492,30 @@ class PodRunner:
             c.process.wait(10)
 
     def stop_all(self, grace: float) -> None:
-        threads = [threading.Thread(target=self.stop_container, args=(c, grace)) for c in self.containers]
+        every = [*self.init_containers, *self.containers]
+        threads = [threading.Thread(target=self.stop_container, args=(c, grace)) for c in every]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        for c in self.containers:
+        for c in every:
             c.restart_at = None
             if c.process is not None and c.process.poll() is not None:
                 code = c.process.returncode
                 c.terminated = {"exitCode": 128 - code if code < 0 else code, "reason": "Error", "finishedAt": now()}
+                if message := termination_message(c.spec, c.message_file, self.logfile(c), code):
+                    c.terminated["message"] = message
                 c.process = None
 
     # --- reporting
 
+    def initialized(self) -> bool:
+        return all(c.completed() for c in self.init_containers)
+
     def phase(self) -> str:
         cs = self.containers
+        if any(c.failed() for c in self.init_containers):
+            return "Failed"
         if any(c.started_at is None for c in cs):
             return "Pending"
         if all(c.terminated is not None and c.restart_at is None for c in cs):
@@ -558,41 +523,26 @@ class PodRunner:
         return "Running"
 
     def status(self) -> dict[str, Any]:
-        statuses = []
-        for c in self.containers:
-            if c.running():
-                state: dict[str, Any] = {"running": {"startedAt": c.started_at}}
-            elif c.terminated is not None:
-                state = {"terminated": c.terminated}
-            else:
-                reason, message = c.waiting or ("ContainerCreating", "")
-                state = {"waiting": {"reason": reason, "message": message}}
-            entry = {
-                "name": c.name,
-                "image": c.spec["image"],
-                "ready": c.ready(),
-                "started": c.running() and c.started(),
-                "restartCount": c.restarts,
-                "state": state,
-            }
-            if c.last_terminated:
-                entry["lastState"] = {"terminated": c.last_terminated}
-            statuses.append(entry)
-        ready = all(c.ready() for c in self.containers) and not self.deleting.is_set()
+        initialized = self.initialized()
+        ready = initialized and all(c.ready() for c in self.containers) and not self.deleting.is_set()
         flag = "True" if ready else "False"
         conditions = [
             {"type": "PodScheduled", "status": "True"},
-            {"type": "Initialized", "status": "True"},
+            {"type": "Initialized", "status": "True" if initialized else "False"},
             {"type": "ContainersReady", "status": flag},
             {"type": "Ready", "status": flag},
         ]
+        if not initialized:
+            conditions[1]["reason"] = "ContainersNotInitialized"
         status: dict[str, Any] = {
             "phase": self.phase(),
             "hostIP": self.agent.network.gateway,
             "startTime": self.started,
             "conditions": conditions,
-            "containerStatuses": statuses,
+            "containerStatuses": [c.status_entry(waiting_for_init=not initialized) for c in self.containers],
         }
+        if self.init_containers:
+            status["initContainerStatuses"] = [c.status_entry() for c in self.init_containers]
         if self.address:
             status.update(podIP=self.address, podIPs=[{"ip": self.address}])
         if self.failure:
@@ -743,17 +693,21 @@ class NodeAgent:
             raise LookupError(f"pod {pod_name}: container {index} is not running")
         return Path(f"/proc/{pid}/root")
 
-    def mount_point(self, target: str) -> None:
-        """Create a missing mount point on the node (an image would have it); removed again by close."""
+    def mount_point(self, target: str, file: bool = False) -> None:
+        """Create a missing mount point on the node (an image would have it); folders are removed again by
+        close. A file (a termination message's, /dev/termination-log) is kept: removing a file that is a mount
+        point elsewhere detaches those mounts, and another test run's containers may have theirs on it."""
         path = Path(target)
         with self.lock:
             missing = []
             while not path.exists():
                 missing.append(path)
                 path = path.parent
-            for directory in reversed(missing):
+            for directory in reversed(missing[1:] if file else missing):
                 directory.mkdir(exist_ok=True)
                 self.created_dirs.append(directory)
+            if file and missing:
+                missing[0].touch()
 
     def config_data(self, namespace: str, ref: dict[str, Any], secret: bool) -> dict[str, bytes]:
         """A ConfigMap's or Secret's data. The emulator keeps a Secret's stringData as written (an API
