@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberl.api import env_vars
-from kuberl.api.status import LEARNER_FIELDS, LEARNER_STOPPED, Condition, RLJobStatus
+from kuberl.api.status import LEARNER_FIELDS, LEARNER_STOPPED, Condition, RLJobStatus, SandboxPoolStatus
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,22 @@ class ClusterStatus:
             current = {}
         conditions = with_stop_condition(current.get("conditions") or [], status, datetime.now(UTC))
         self._patch({"status": {**learner_fields(status), "conditions": conditions}})
+
+    def sandbox_pools(self) -> list[SandboxPoolStatus] | None:
+        """The operator's view of the job's per-image sandbox pools (status.sandboxPools); None when the RLJob
+        cannot be read (the caller keeps what it knew). An entry this learner cannot read is skipped."""
+        try:
+            status = (self.kube.get(self.path.removesuffix("/status")) or {}).get("status") or {}
+        except Exception as err:  # like a failed write: training goes on
+            log.warning("could not read the RLJob's sandbox pools (%s)", err)
+            return None
+        pools = []
+        for entry in status.get("sandboxPools") or []:
+            try:
+                pools.append(SandboxPoolStatus.model_validate(entry))
+            except ValueError as err:
+                log.warning("a sandbox pool status this learner cannot read: %s", err)
+        return pools
 
     def _patch(self, body: dict[str, Any]) -> None:
         self.last_write = time.monotonic()

@@ -46,6 +46,7 @@ from kuberl_trainer.publisher import WeightPublisher
 from kuberl_trainer.rollout_client import RolloutClient
 from kuberl_trainer.rollout_feed import Batch, FeedState, RolloutFeed
 from kuberl_trainer.step import predict, train_step
+from kuberl_trainer.unusable_images import UnusableImages, cluster_unusable_images
 from kuberl_trainer.weight_transport import transport_for
 
 
@@ -70,6 +71,8 @@ class Driver:
     client: RolloutClient
     metrics: LearnerMetrics
     status: StatusFile
+    unusable: UnusableImages | None = None
+    """Training tasks left out for an unusable sandbox image (in a cluster)."""
 
 
 def loss_config_for(job: RLJob) -> LossConfig:
@@ -148,13 +151,13 @@ def run_learner(
         )
 
     def stop_waiting() -> bool:  # rank 0: a limit reached while waiting for a batch ends the wait too
-        return stop_signal.requested or stop_for(spec, progress()) is not None
+        return stop_signal.requested or stop_for(spec, progress()) is not None or _no_usable_images(driver) is not None
 
     while True:
         # a SIGTERM to any rank's pod (a node drain, a preemption) stops the whole gang with a final checkpoint
         signalled = all_reduce_sums([float(stop_signal.requested)])[0] > 0
         if rank == 0:
-            stop = stop_for(spec, progress()) or (_signalled() if signalled else None)
+            stop = stop_for(spec, progress()) or _no_usable_images(driver) or (_signalled() if signalled else None)
         stop = broadcast_object(stop)
         if stop is not None:
             break
@@ -261,6 +264,11 @@ def checkpoint_uri(job: RLJob, run_dir: Path) -> str:
     return job.spec.checkpoint.uri or str(run_dir / "checkpoints")
 
 
+def _no_usable_images(driver: Driver | None) -> Stop | None:
+    """NoUsableImages once no training task's sandbox image can run (rank 0, in a cluster)."""
+    return driver.unusable.stop() if driver is not None and driver.unusable is not None else None
+
+
 def _signalled() -> Stop:
     return Stop(Phase.STOPPED, None, "stopped by a signal (SIGTERM/SIGINT) after a final checkpoint")
 
@@ -283,6 +291,8 @@ def _driver(
     groups_per_step = spec.training.trajectories_per_step // spec.algorithm.group_size
     metrics = LearnerMetrics()
     signal_of = partial(has_signal, algorithm=spec.algorithm) if filters_uniform_groups(spec.algorithm) else None
+    cluster = ClusterStatus.from_environment()
+    unusable = cluster_unusable_images(job, task_ids, cluster, metrics.tasks_unusable.set)
     feed = RolloutFeed(
         client,
         task_ids,
@@ -297,12 +307,14 @@ def _driver(
         on_drop=metrics.groups_dropped.inc,
         on_tampered=metrics.tampered.inc,
         oversampling=spec.training.oversampling,
+        usable=unusable.usable if unusable is not None else None,
+        announce=client.announce,
     )
     if metrics_port is not None:
         metrics.serve(metrics_port)
-    status = StatusFile(run_dir / "status.json", ClusterStatus.from_environment())
+    status = StatusFile(run_dir / "status.json", cluster)
     status.update(step=state.step, policy_version=state.policy_version)
-    return Driver(feed, publisher, client, metrics, status)
+    return Driver(feed, publisher, client, metrics, status, unusable)
 
 
 def _publish(model, driver: Driver | None, version: int) -> None:

@@ -37,6 +37,9 @@ class LearnerMetrics:
         self.grad_norm = gauge("grad_norm", "Gradient norm before clipping.")
         self.tokens_per_second = gauge("tokens_per_second", "Trained generated tokens per second of step time.")
         self.uniform_group_ratio = gauge("uniform_group_ratio", "Latest batch: fraction of drawn groups dropped.")
+        self.tasks_unusable = gauge(
+            "tasks_unusable", "Training tasks left out of the draw: their sandbox image is unusable (cluster)."
+        )
         self.last_checkpoint_step = gauge("checkpoint_last_step", "Step of the newest complete checkpoint.")
         self.last_checkpoint_time = gauge(
             "checkpoint_last_timestamp_seconds", "Unix time the newest complete checkpoint was written."

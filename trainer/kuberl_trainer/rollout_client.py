@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 import httpx
 
 from kuberl.api.environment import Task
-from kuberl.api.rollout_http import AcceptedGroup, Policy, SubmitGroup, Trajectories, TrajectoryQuery
+from kuberl.api.rollout_http import (
+    AcceptedGroup,
+    Policy,
+    SubmitGroup,
+    Trajectories,
+    TrajectoryQuery,
+    UpcomingTask,
+    UpcomingTasks,
+)
 from kuberl.api.trajectory import Trajectory
 from kuberl.tokens import bearer
 from kuberl_trainer.weight_transport import HttpBuckets, WeightTransport
@@ -63,6 +71,7 @@ class RolloutClient:
         ]
         self.boot_ids: list[str | None] = [None] * len(urls)
         self.down: set[int] = set()
+        self.without_upcoming: set[int] = set()  # servers that do not know `POST /v1/upcoming` (older ones)
         self._turn = 0
 
     def submit(self, task_id: str, size: int, seed: int) -> SubmittedGroup:
@@ -87,6 +96,25 @@ class RolloutClient:
             accepted = AcceptedGroup.model_validate_json(r.content)
             return SubmittedGroup(accepted.group_id, task_id, seed, body.group_size, server)
         raise NoRolloutServer(f"no rollout server accepts work ({len(self.down)} of {len(self.http)} down)")
+
+    def announce(self, upcoming: list[tuple[str, int]]) -> None:
+        """Tell the servers the (task, episodes) of the next submissions, split among them as the groups will
+        be, each part replacing that server's previous announcement; they export the episodes per sandbox image
+        for the operator to warm their pools. Best effort: a server that fails is skipped, one that does not
+        know the route is not asked again."""
+        servers = [s for s in range(len(self.http)) if s not in self.down and s not in self.without_upcoming]
+        for i, server in enumerate(servers):
+            part = [UpcomingTask(task_id=t, episodes=n) for t, n in upcoming[i :: len(servers)]]
+            try:
+                r = self.http[server].post("/v1/upcoming", json=UpcomingTasks(tasks=part).wire())
+            except httpx.TransportError as err:
+                log.debug("announcing to %s failed (%s)", self.urls[server], err)
+                continue
+            if r.status_code in (404, 405):
+                log.info("rollout server %s takes no announcements of upcoming tasks", self.urls[server])
+                self.without_upcoming.add(server)
+            elif r.status_code >= 400:
+                log.debug("announcing to %s: %s %s", self.urls[server], r.status_code, r.text[:200])
 
     def collect(self, wait: float) -> Collected:
         """Finished trajectories from every server (long-polling each up to `wait` / servers seconds), and

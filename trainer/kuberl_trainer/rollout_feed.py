@@ -30,6 +30,12 @@ even when all its groups score 0 and are dropped.
 Nothing is lost to a failure: the groups of a rollout server that went down or restarted are submitted
 again elsewhere, and a group with a failed episode (a sandbox lost mid-trajectory) is run again, up
 to `MAX_RERUNS` times, before it is trained without the failed members.
+
+Sandbox images (`usable` given, on a cluster): a task whose image the operator found unusable is passed over
+when drawn, a group of it that is to be submitted again is replaced by the next draw, and one that finished
+with failed episodes is not run again: its failed members are left out like any. After each batch the tasks of
+about the next step's draws are announced to the rollout servers (`announce`), which the operator reads to
+warm their images' pools before the groups arrive.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ class RolloutFeed:
         on_drop: Callable[[], None] | None = None,
         on_tampered: Callable[[int], None] | None = None,
         oversampling: float = 1.0,
+        usable: Callable[[str], bool] | None = None,
+        announce: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         if not task_ids:
             raise ValueError("no tasks to train on: check spec.environment.tasks")
@@ -134,6 +142,8 @@ class RolloutFeed:
         self.has_signal = has_signal  # dynamic sampling: keep a finished group only if it teaches
         self.on_drop = on_drop  # a group without signal was dropped (counted live, not per batch)
         self.on_tampered = on_tampered  # a finished group had this many tampered members (counted live)
+        self.usable = usable  # whether a task's sandbox image can run (None: every task's can)
+        self.announce = announce  # told the (task, episodes) of about the next step's draws
         self.uniform_in_a_row = 0  # groups without signal since the last group with signal
         self._groups_dropped = 0
         self._dropped_episodes = self._dropped_solved = 0
@@ -195,7 +205,23 @@ class RolloutFeed:
         self._surplus = self._surplus_episodes = self._surplus_solved = 0
         if self.asynchronous:
             self._refill()  # the next batch is generated while this one trains
+        if self.announce is not None:
+            self.announce(self.upcoming())
         return batch
+
+    def upcoming(self) -> list[tuple[str, int]]:
+        """The (task, episodes) of the groups the next step will draw, the cursor left where it is: a sync
+        step's whole wave, an async step's replacements of about a batch."""
+        wave = math.ceil(self.groups_per_step * self.oversampling)
+        groups = wave if self.asynchronous else self._target_in_flight()
+        drawn: list[tuple[str, int]] = []
+        for cursor in range(self.cursor, self.cursor + groups * len(self.task_ids)):
+            if len(drawn) == groups:
+                break
+            task_id = self.task_ids[cursor % len(self.task_ids)]
+            if self._usable(task_id):
+                drawn.append((task_id, self.group_size))
+        return drawn
 
     @property
     def batches_without_signal(self) -> int:
@@ -237,16 +263,34 @@ class RolloutFeed:
         if not self.asynchronous and (self.in_flight or self.ready or self._unplaced):
             return
         while len(self.in_flight) + len(self.ready) + len(self._unplaced) < self._target_in_flight():
-            if not self._place(*self._next_task()):
+            drawn = self._next_task()
+            if drawn is None:
+                return  # no task's image is usable: the learner stops (UnusableImages.stop)
+            if not self._place(*drawn):
                 return  # every server is down: try again at the next poll
             self.cursor += 1
 
-    def _next_task(self) -> tuple[str, int]:
-        """The (task, seed) at the cursor: tasks in order, a seed of its own for every draw."""
-        return self.task_ids[self.cursor % len(self.task_ids)], self.seed + self.cursor
+    def _next_task(self) -> tuple[str, int] | None:
+        """The (task, seed) at the cursor: tasks in order, a seed of its own for every draw. Tasks whose image
+        is unusable are passed over (the cursor moves past them); None when no task is usable."""
+        for _ in range(len(self.task_ids)):
+            task_id = self.task_ids[self.cursor % len(self.task_ids)]
+            if self._usable(task_id):
+                return task_id, self.seed + self.cursor
+            self.cursor += 1
+        return None
+
+    def _usable(self, task_id: str) -> bool:
+        return self.usable is None or self.usable(task_id)
 
     def _submit(self, task_id: str, seed: int) -> None:
-        """Submit now, or as soon as a server answers (the group is never dropped)."""
+        """Submit now, or as soon as a server answers (the group is never dropped). A task whose image has
+        become unusable is replaced by the next draw."""
+        if not self._usable(task_id):
+            drawn = self._next_task()
+            if drawn is None:
+                return
+            (task_id, seed), self.cursor = drawn, self.cursor + 1
         if not self._place(task_id, seed):
             self._unplaced.append((task_id, seed))
 
@@ -282,7 +326,8 @@ class RolloutFeed:
         del self.in_flight[group.group_id], self.received[group.group_id]
         members.sort(key=lambda t: t.trajectory_id)  # arrival order varies; training must not
         key = (group.task_id, group.seed)
-        if any(t.error is not None for t in members) and self._reruns.get(key, 0) < MAX_RERUNS:
+        failed = any(t.error is not None for t in members)
+        if failed and self._reruns.get(key, 0) < MAX_RERUNS and self._usable(group.task_id):
             self._reruns[key] = self._reruns.get(key, 0) + 1  # e.g. its sandbox was lost mid-episode
             self._resubmitted += 1
             self._submit(group.task_id, group.seed)
@@ -319,8 +364,10 @@ class RolloutFeed:
         if self.on_drop is not None:
             self.on_drop()
         if self.asynchronous or self._outstanding() < self.groups_per_step:
-            self._submit(*self._next_task())
-            self.cursor += 1
+            drawn = self._next_task()
+            if drawn is not None:
+                self._submit(*drawn)
+                self.cursor += 1
         return True
 
     def _outstanding(self) -> int:
