@@ -1,0 +1,70 @@
+"""The sandbox-pools benchmark's simulation (benchmarks/bench_sandbox_pools.py) on a short trace: the caps hold,
+every episode is served, and no strategy beats the oracle's pod-hours."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_sandbox_pools as bench  # benchmarks/ is a folder of scripts, not a package
+
+# one hour on 50 images (Verified's mix, scaled down), with caps tight enough to bind
+SHORT = bench.Setup(
+    hours=1.0,
+    repositories={"django": 23, "sympy": 8, "sphinx-doc": 5, "matplotlib": 4, "scikit-learn": 4, "astropy": 6},
+    max_replicas=14,
+    max_warm_images=12,
+    idle_timeout_s=120.0,
+)
+
+
+@functools.cache
+def outcomes(setup: bench.Setup = SHORT) -> tuple[bench.Trace, dict[str, bench.Outcome]]:
+    trace = bench.make_trace(setup)
+    return trace, {name: strategy(trace, setup) for name, strategy in bench.STRATEGIES.items()}
+
+
+def test_the_trace_draws_every_task_once_per_epoch():
+    trace, _ = outcomes()
+    groups = trace.image[:: SHORT.group_size]  # one task per group
+    epoch = groups[:50]
+    assert len(groups) >= 50 and sorted(epoch) == list(range(50))
+
+
+def test_the_caps_are_never_exceeded():
+    _, result = outcomes()
+    assert 0 < result["kuberl"].max_pods <= SHORT.max_replicas
+    assert 0 < result["kuberl"].max_images <= SHORT.max_warm_images
+    assert result["kuberl"].capped_pod_ticks > 0  # the caps did bind on this trace
+
+
+@pytest.mark.parametrize("strategy", list(bench.STRATEGIES))
+def test_every_episode_is_served(strategy):
+    trace, result = outcomes()
+    outcome = result[strategy]
+    assert outcome.waits.shape == trace.image.shape and np.all(np.isfinite(outcome.waits))
+    assert np.all(outcome.waits >= 0)
+    assert outcome.end_s >= float(np.max(trace.submit_s + trace.duration_s))
+
+
+def test_no_strategy_uses_fewer_pod_hours_than_the_oracle():
+    _, result = outcomes()
+    best = result["oracle"].pod_seconds
+    assert best > 0 and all(outcome.pod_seconds >= best for outcome in result.values())
+
+
+def test_warm_pools_wait_less_than_a_pod_per_episode():
+    _, result = outcomes()
+    assert np.median(result["kuberl"].waits) < np.median(result["pod-per-episode"].waits)
+
+
+def test_the_report_has_every_strategy_and_the_goal():
+    report = bench.run(SHORT, variants={"kuberl, idleTimeout 0s": {"idle_timeout_s": 0.0}})
+    assert set(report["strategies"]) == {*bench.STRATEGIES, "kuberl, idleTimeout 0s"}
+    assert report["strategies"]["oracle"]["pod_hours_vs_oracle"] == 1.0
+    assert isinstance(report["goal_met"], bool)
