@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from kuberl.local.tasks_cli import tasks as tasks_group
 from kuberl.planning import fit_warnings
 from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
+
+if TYPE_CHECKING:
+    from kuberl.api.rljob import RLJob
 
 EXIT_INVALID = 2
 # one meaning for each option wherever it appears
@@ -158,6 +162,23 @@ def crds(output: str | None, reference: bool, commands: bool) -> None:
         click.echo(text, nl=False)
 
 
+def _render_pool_images(job: RLJob, tasks_file: str) -> list[str]:
+    """The environment images of the tasks in `tasks_file` for `kuberl render --tasks`; exits 2 with one line
+    when the file cannot be read or spec.sandbox.imageTemplate names a field a task lacks."""
+    from kuberl.suites import load_tasks
+    from kuberl_operator.sandbox_pools import task_images
+
+    if "://" not in tasks_file and not os.path.isfile(tasks_file):
+        click.echo(f"{tasks_file}: file not found", err=True)
+        sys.exit(EXIT_INVALID)
+    try:
+        return task_images(load_tasks(job.spec.environment.name, tasks_file), job.spec.sandbox)
+    except (ValueError, OSError) as err:  # ImageTemplateError is a ValueError naming the field
+        text = str(err)
+        click.echo(text if text.startswith(tasks_file) else f"{tasks_file}: {text}", err=True)
+    sys.exit(EXIT_INVALID)
+
+
 @main.command()
 @click.argument("job_file", metavar="JOB.yaml")
 @click.option("-n", "--namespace", default=None, help="Namespace of the objects [the manifest's, else default].")
@@ -167,10 +188,19 @@ def crds(output: str | None, reference: bool, commands: bool) -> None:
     help="The RLJob's metadata.uid, for owner references (kubectl get rljob NAME -o "
     "jsonpath='{.metadata.uid}') [the manifest's; without one, no owner references].",
 )
-def render(job_file: str, namespace: str | None, uid: str | None) -> None:
+@click.option(
+    "--tasks",
+    "tasks_file",
+    default=None,
+    help="A task file of the job's environment (JSONL tasks, or SWE-bench-format instances for swe-bench): "
+    "also print the sandbox pool of each environment image its tasks name, at zero pods (the operator warms "
+    "them at run time).",
+)
+def render(job_file: str, namespace: str | None, uid: str | None, tasks_file: str | None) -> None:
     """Print every object the operator creates for the RLJob in JOB.yaml as a YAML stream, like `helm template`.
 
-    Exits 2 with one line per problem when the manifest is invalid; notes on the spec go to stderr."""
+    Exits 2 with one line per problem when the manifest is invalid, or with one line when the task file
+    cannot be read or spec.sandbox.imageTemplate names a field its tasks lack; notes on the spec go to stderr."""
     from kuberl.validation import ManifestError, load_rljob
     from kuberl_operator.desired import desired_objects, render_warnings, render_yaml_stream, target_namespace
     from kuberl_operator.meta import owner_reference
@@ -182,10 +212,13 @@ def render(job_file: str, namespace: str | None, uid: str | None) -> None:
     except ManifestError as err:
         click.echo(str(err), err=True)
         sys.exit(EXIT_INVALID)
+    images = _render_pool_images(job, tasks_file) if tasks_file else []
     uid = uid or (job.metadata.model_extra or {}).get("uid")
     owner = owner_reference(job, uid) if uid else None
     ns = target_namespace(job, namespace)
-    click.echo(render_yaml_stream(desired_objects(job, ns, owner=owner)), nl=False)
+    click.echo(render_yaml_stream(desired_objects(job, ns, owner=owner, pool_images=images)), nl=False)
+    if tasks_file:
+        click.echo(f"note: {len(images)} sandbox pool(s) for the environment images of {tasks_file}", err=True)
     for line in render_warnings(job):
         click.echo(f"warning: {line}", err=True)
     if owner is None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
 
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import GPU_RESOURCE, SandboxAutoscaler
+from kuberl.api.spec import GPU_RESOURCE, SandboxAutoscaler, SandboxPoolEngine
 from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
 from kuberl_operator.images import JobImages
 from kuberl_operator.job_config import build_config_map
@@ -23,6 +24,7 @@ from kuberl_operator.queueing import build_workload
 from kuberl_operator.rbac import build_role, build_role_binding, build_service_account
 from kuberl_operator.rollout import build_rollout_service, build_rollout_statefulset
 from kuberl_operator.sandbox import build_sandbox_deployment, build_sandbox_hpa, build_sandbox_service
+from kuberl_operator.sandbox_pools import AGENT_SANDBOX_ENGINE, KUBERL_ENGINE, pool_objects
 from kuberl_operator.secret import sandbox_token_secret_name
 from kuberl_operator.security import SandboxPodSecurity
 
@@ -44,13 +46,16 @@ def desired_objects(
     security: SandboxPodSecurity | None = None,
     peers: NetworkPeers | None = None,
     images: JobImages | None = None,
+    pool_images: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
     """All children, ordered so that each exists before what needs it: identity and config first, every
     tier's NetworkPolicy before any of its pods (untrusted code never runs unfenced, and no job's servers
     are open to other tenants even for a moment), Services before the workloads that resolve them, the
     learner last (it waits on rollout servers). `security`: see build_sandbox_deployment; `peers`: who
     outside the job the policies admit (NetworkPeers); `images`: the images and pull secrets of jobs that name
-    none (JobImages; the environment's by default, as the operator's)."""
+    none (JobImages; the environment's by default, as the operator's); `pool_images`: environment images whose
+    sandbox pools to show, at zero pods (`kuberl render --tasks`; the operator makes and scales them at run
+    time, kuberl_operator.pool_reconcile)."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
     images = images or JobImages.from_env()
     job = images.resolved(job)
@@ -79,8 +84,25 @@ def desired_objects(
         build_rollout_pdb(job, namespace, owner),
         build_learner_pdb(job, namespace, owner),
         *workloads,
+        *pool_objects(
+            job,
+            dict.fromkeys(pool_images, 0),
+            namespace,
+            owner,
+            secret,
+            security or SandboxPodSecurity.from_env(),
+            images,
+            render_engine(job),
+        ),
         *([build_sandbox_hpa(job, namespace, owner)] if job.spec.sandbox.autoscaler == SandboxAutoscaler.HPA else []),
     ]
+
+
+def render_engine(job: RLJob) -> str:
+    """The pools' engine as render shows it: agent-sandbox when the spec names it; `auto` depends on the
+    cluster's API (the operator asks it), so render shows kuberl's Deployments."""
+    engine = job.spec.sandbox.pools.engine
+    return AGENT_SANDBOX_ENGINE if engine == SandboxPoolEngine.AGENT_SANDBOX else KUBERL_ENGINE
 
 
 def render_warnings(job: RLJob) -> list[str]:

@@ -15,11 +15,13 @@ planner (kuberl_operator.pools) either way; render shows every pool at zero.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kuberl.api.environment import Task
 from kuberl.api.rljob import RLJob
-from kuberl.api.sandbox_images import pool_key, pool_service_name
+from kuberl.api.sandbox_images import episode_image, pool_key, pool_service_name
+from kuberl.api.spec import SandboxSpec
 from kuberl.portable_server import PORTABLE_MOUNT, install_argv, server_argv, server_env
 from kuberl_operator.images import JobImages
 from kuberl_operator.meta import SANDBOX, common_labels, object_meta, selector_labels
@@ -44,6 +46,12 @@ BUNDLE_VOLUME = "kuberl-server"
 INSTALLER = "install-server"
 # Copying the server bundle is a file copy: small requests, a bound on memory.
 _INSTALLER_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def task_images(tasks: Iterable[Task], sandbox: SandboxSpec) -> list[str]:
+    """The environment images of `tasks` (each task's episode_image; those on the default pool left out), sorted;
+    ImageTemplateError names spec.sandbox.imageTemplate and the first field a task lacks."""
+    return sorted({image for task in tasks if (image := episode_image(task, sandbox)) is not None})
 
 
 def pool_selector(job: RLJob, image: str) -> dict[str, str]:
