@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import json
 import sys
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -481,7 +482,15 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     from run import commit, machine
 
-    result = {"commit": commit(), "machine": machine(), **run()}
+    started = time.perf_counter()
+    measured = run()
+    result = {
+        "what": "sandbox pools per image, simulated (benchmarks/bench_sandbox_pools.py); no cluster",
+        "commit": commit(),
+        "machine": machine(),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        **measured,
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     plot(result)
