@@ -50,7 +50,9 @@ NAMESPACED_RULES = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "events"): {"create", "patch"},
     **{("", r): CHILD_VERBS for r in ("configmaps", "secrets", "services", "serviceaccounts")},
-    **{("apps", r): CHILD_VERBS for r in ("statefulsets", "deployments")},
+    ("apps", "statefulsets"): CHILD_VERBS,
+    ("apps", "deployments"): CHILD_VERBS | {"list"},  # a job's per-image sandbox pools, by its labels
+    **{("extensions.agents.x-k8s.io", r): CHILD_VERBS | {"list"} for r in ("sandboxtemplates", "sandboxwarmpools")},
     ("policy", "poddisruptionbudgets"): CHILD_VERBS,
     ("networking.k8s.io", "networkpolicies"): CHILD_VERBS,
     **{("rbac.authorization.k8s.io", r): CHILD_VERBS for r in ("roles", "rolebindings")},

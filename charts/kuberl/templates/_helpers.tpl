@@ -111,8 +111,17 @@ watched namespace otherwise. Exactly what kuberl_operator does; no wildcards (te
   resources: ["configmaps", "secrets", "services", "serviceaccounts"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["apps"]
-  resources: ["statefulsets", "deployments"]
+  resources: ["statefulsets"]
   verbs: ["get", "create", "patch", "delete"]
+# Deployments: the default sandbox pool by name; a job's per-image sandbox pools are listed by its labels.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# Per-image sandbox pools on agent-sandbox (spec.sandbox.pools.engine: agent-sandbox, or auto where it is
+# installed): a SandboxTemplate and a SandboxWarmPool per image, listed by the job's labels.
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxtemplates", "sandboxwarmpools"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch", "delete"]
