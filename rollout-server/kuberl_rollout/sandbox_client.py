@@ -225,6 +225,7 @@ class SandboxEnvironment:
         self.pools = pools
         self._started = time.perf_counter()  # the episode's start: its sandbox wait counts from here
         self._claimed: dict[str, Any] | None = None
+        self._claim_failure: Exception | None = None
         # told the seconds each session took to open (the rollout tier's metric; the sandbox autoscaler's input)
         self.session_started = session_started
         # the sandbox's limit of one command (its own default: 30 s): the job's turnTimeout, so that a test run
@@ -249,9 +250,15 @@ class SandboxEnvironment:
         """Open the session of a task that runs on its image's pool, waiting while the pool warms up (up to the
         claim timeout: NoSandbox), before the episode's clock starts; `reset` then starts on it. A task on the
         job's default servers opens its session in `reset`."""
-        if self.pools is None or not (image := self.pools.image(task)):
+        if self._claim_failure is not None:  # claimed once already (by the rollout service): the same answer
+            raise self._claim_failure
+        if self.session_id is not None or self.pools is None or not (image := self.pools.image(task)):
             return
-        self.client, self._claimed = await self.pools.claim(task, image, self.command_timeout_s, self._started)
+        try:
+            self.client, self._claimed = await self.pools.claim(task, image, self.command_timeout_s, self._started)
+        except (EnvironmentFailure, httpx.HTTPError) as err:
+            self._claim_failure = err
+            raise
         self.session_id = self._claimed["sessionId"]  # closed with the environment, whatever happens next
 
     async def reset(self, task: Task) -> str:

@@ -24,13 +24,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
+import httpx
+
+from kuberl.api.environment import EnvironmentFailure, RewardFunction, ScoredEnvironment, Task
 from kuberl.api.rollout_http import GroupInfo, UpcomingSessions
 from kuberl.api.sandbox_images import ImageTemplateError
 from kuberl.api.trajectory import Trajectory
 from kuberl.errors import ServiceError
 from kuberl.rewards import task_problem
 from kuberl_rollout.agent import Agent
+from kuberl_rollout.environment_claim import Claimable, claim_environment
+from kuberl_rollout.environment_close import close_environment
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.sessions import SessionStore
 
@@ -278,12 +282,36 @@ class RolloutService:
             self._forget_if_done(group)
 
     async def _play(self, group: Group, seed: int | None) -> Trajectory | None:
-        """One play of an episode; None when a weight update stopped it (switch_policy's drain timeout)."""
-        self._running += 1
+        """One play of an episode; None when a weight update stopped it (switch_policy's drain timeout). It is
+        an active session from the start: one that waits for its image's pool is demand the operator must see."""
         self.metrics.active_sessions.inc(1, group.image)
+        try:
+            env = await self._claim(group.task)
+            return await self._run(env, group, seed)
+        finally:
+            self.metrics.active_sessions.dec(1, group.image)
+
+    async def _claim(self, task: Task) -> ScoredEnvironment:
+        """A new environment, claimed for `task` (a sandbox session of its image's pool, which may first have to
+        start) before the play counts as running: a weight update does not wait for a pool to warm up, and no
+        token is sampled before the claim. A failed claim is met again by the runner, which ends the episode
+        as an error naming it."""
+        env = self.open_environment()
+        try:
+            with contextlib.suppress(EnvironmentFailure, httpx.HTTPError):
+                await claim_environment(env, task)
+            await self._may_start.wait()  # a weight update may have begun meanwhile
+        except asyncio.CancelledError:
+            if isinstance(env, Claimable):  # it may hold the session it claimed
+                await close_environment(env)
+            raise
+        return env
+
+    async def _run(self, env: ScoredEnvironment, group: Group, seed: int | None) -> Trajectory | None:
+        self._running += 1
         play = None
         try:
-            play = asyncio.create_task(self.runner.run(self.open_environment(), group.task, group.group_id, seed))
+            play = asyncio.create_task(self.runner.run(env, group.task, group.group_id, seed))
             self._plays.add(play)
             return await play
         except asyncio.CancelledError:
@@ -292,7 +320,6 @@ class RolloutService:
             return None  # only the play was: its environment is closed, the episode starts again
         finally:
             self._plays.discard(play)
-            self.metrics.active_sessions.dec(1, group.image)
             self._running -= 1
             async with self._idle:
                 self._idle.notify_all()

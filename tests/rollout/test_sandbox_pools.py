@@ -35,6 +35,8 @@ IMAGE = "ghcr.io/acme/env-django:1"
 OTHER = "ghcr.io/acme/env-flask:2"
 IMAGED, PLAIN = TASKS[0].model_copy(update={"image": IMAGE}), TASKS[1]
 SANDBOX = SandboxSpec.model_validate({"pools": {"claimTimeout": "1s"}})
+SERVICE_ARGS = (resolve_reward("swe-toy-tests"), {}, 2, RolloutMetrics())
+SESSION = {"sessionId": "s1", "taskId": IMAGED.task_id, "observation": "the task", "isolated": True}
 
 
 def _no_reward(context):
@@ -104,8 +106,7 @@ async def test_a_pool_that_warms_up_is_tried_again_until_it_opens_a_session():
             raise httpx.ConnectError("connection refused", request=request)
         if answer == 503:
             return httpx.Response(503, json={"detail": "no ready pod"})
-        body = {"sessionId": "s1", "taskId": IMAGED.task_id, "observation": "the task", "isolated": True}
-        return httpx.Response(201, json=body)
+        return httpx.Response(201, json=SESSION)
 
     waits: list[tuple[str, float]] = []
     async with httpx.AsyncClient(transport=httpx.MockTransport(pool)) as http:
@@ -131,9 +132,19 @@ async def test_an_episode_with_no_sandbox_within_the_claim_timeout_is_an_error_n
     )
     env = SandboxEnvironment(ScriptedClient([]), lambda ctx: 1.0, pools=pools)
     trajectory = await agent.run(env, IMAGED, group_id="g1")
-    await pools.aclose()
     assert trajectory.finish_reason == FinishReason.ERROR and trajectory.final_reward == 0.0
     assert f"no sandbox for image {IMAGE} within 1s" in trajectory.error
+
+    # through the server: it claims before the play and the agent meets the same failure, not a second wait
+    service = RolloutService(agent, lambda: SandboxEnvironment(None, lambda ctx: 1.0, pools=pools), *SERVICE_ARGS)
+    service.image_of = pools.image
+    claims, claim = [], pools.claim
+    pools.claim = lambda *args: claims.append(args[1]) or claim(*args)
+    service.submit(None, IMAGED, 1)
+    [served] = await service.take(1, wait_s=10)
+    await pools.aclose()
+    assert served.finish_reason == FinishReason.ERROR and f"no sandbox for image {IMAGE}" in served.error
+    assert claims == [IMAGE]
 
 
 # ------------------------------------------------------------------------------------- demand by image
@@ -193,3 +204,32 @@ def test_the_learner_announces_over_http_with_the_job_token():
     assert f'kuberl_rollout_upcoming_sessions{{image="{IMAGE}"}} 8.0' in text
     assert 'kuberl_rollout_active_sessions{image=""} 0.0' in text
     assert "kuberl_rollout_sandbox_wait_seconds_bucket" in text
+
+
+async def test_an_episode_waiting_for_its_pool_is_demand_but_holds_up_no_weight_update():
+    """Without partial rollouts a weight update waits for the episodes that sample; one still waiting for its
+    sandbox has sampled nothing, and a pool's warm-up (minutes: the image's pull) must not stall training."""
+    released = asyncio.Event()
+
+    async def cold_pool(request: httpx.Request) -> httpx.Response:
+        await released.wait()
+        return httpx.Response(201, json=SESSION)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(cold_pool)) as http:
+        pools = SandboxPools([], "t", "job", SANDBOX, "http://{pool}:8700", http=http)
+        service = _service()
+        service.open_environment = lambda: SandboxEnvironment(ScriptedClient([]), _no_reward, pools=pools)
+        service.image_of = pools.image
+        service.submit(None, IMAGED, 1)
+        await asyncio.sleep(0.05)
+        assert _sample(service, "kuberl_rollout_active_sessions", IMAGE) == 1  # the operator sees it
+        applied: list[int] = []
+
+        async def apply() -> None:
+            applied.append(1)
+
+        await asyncio.wait_for(service.switch_policy(apply, partial_rollouts=False), timeout=5)
+        assert applied == [1]
+        released.set()
+        [trajectory] = await service.take(8, wait_s=5)
+    assert trajectory.error is None
