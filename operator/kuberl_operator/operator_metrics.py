@@ -54,36 +54,45 @@ def serve(port: int, address: str = "0.0.0.0") -> None:
     start_http_server(port, address, registry=registry)
 
 
-class PoolMetrics:
-    """The sandbox pools per image of every job: pods asked for and ready per pool, unusable images, pods the
-    caps denied, and image failures (a counter). A pool's series go when the pool leaves the job's status."""
+# The sandbox pools per image of every job it drives (docs/sandbox-pools.md). Like the job metrics they carry the
+# job's `namespace` and `rljob`; a pool's series go when the pool leaves the job's status.
+_POOL_LABELS = ["namespace", "rljob", "pool", "image"]
+pool_replicas = Gauge(
+    "kuberl_operator_sandbox_pool_replicas",
+    "Pods the planner asks for, per image pool.",
+    _POOL_LABELS,
+    registry=registry,
+)
+pool_ready_pods = Gauge(
+    "kuberl_operator_sandbox_pool_ready_pods", "Ready pods per image pool.", _POOL_LABELS, registry=registry
+)
+unusable_images = Gauge(
+    "kuberl_operator_sandbox_unusable_images",
+    "Images whose pods cannot run (pull failures, crash loops, no shell): their instances are left out.",
+    ["namespace", "rljob"],
+    registry=registry,
+)
+capped_pods = Gauge(
+    "kuberl_operator_sandbox_pool_capped_pods",
+    "Pods the image pools wanted that maxReplicas or maxWarmImages denied at the last plan.",
+    ["namespace", "rljob"],
+    registry=registry,
+)
+image_failures = Counter(
+    "kuberl_operator_sandbox_image_failures",
+    "Images found unusable, by reason (ErrImagePull, ImagePullBackOff, InvalidImageName, CrashLoopBackOff, "
+    "ServerCannotStart).",
+    ["namespace", "rljob", "reason"],
+    registry=registry,
+)
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ["namespace", "rljob", "pool", "image"]
-        self.replicas = Gauge(
-            "kuberl_sandbox_pool_replicas", "Pods the planner asks for, per image pool.", labels, registry=registry
-        )
-        self.ready = Gauge("kuberl_sandbox_pool_ready_pods", "Ready pods per image pool.", labels, registry=registry)
-        self.unusable = Gauge(
-            "kuberl_sandbox_pool_unusable_images",
-            "Images whose pods cannot run (pull failures, crash loops, no shell): their instances are masked.",
-            ["namespace", "rljob"],
-            registry=registry,
-        )
-        self.capped = Gauge(
-            "kuberl_sandbox_pool_capped_pods",
-            "Pods the pools wanted that maxReplicas or maxWarmImages denied at the last plan.",
-            ["namespace", "rljob"],
-            registry=registry,
-        )
-        self.failures = Counter(
-            "kuberl_sandbox_image_failures",
-            "Images found unusable, by reason (ErrImagePull, ImagePullBackOff, InvalidImageName, CrashLoopBackOff, "
-            "ServerCannotStart).",
-            ["namespace", "rljob", "reason"],
-            registry=registry,
-        )
+
+class PoolMetrics:
+    """Writes the pool series of each job and removes those of pools (and jobs) that are gone."""
+
+    def __init__(self) -> None:
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._reasons: dict[tuple[str, str], set[str]] = {}
         self._lock = threading.Lock()
 
     def observe(self, namespace: str, job: str, statuses: Iterable[SandboxPoolStatus], capped: int) -> None:
@@ -91,29 +100,31 @@ class PoolMetrics:
         with self._lock:
             now = {(s.pool, s.image) for s in statuses}
             for pool, image in self._series.get((namespace, job), set()) - now:
-                self.replicas.remove(namespace, job, pool, image)
-                self.ready.remove(namespace, job, pool, image)
+                pool_replicas.remove(namespace, job, pool, image)
+                pool_ready_pods.remove(namespace, job, pool, image)
             self._series[namespace, job] = now
             for s in statuses:
-                self.replicas.labels(namespace, job, s.pool, s.image).set(s.replicas)
-                self.ready.labels(namespace, job, s.pool, s.image).set(s.ready)
-            self.unusable.labels(namespace, job).set(sum(1 for s in statuses if s.unusable))
-            self.capped.labels(namespace, job).set(capped)
+                pool_replicas.labels(namespace, job, s.pool, s.image).set(s.replicas)
+                pool_ready_pods.labels(namespace, job, s.pool, s.image).set(s.ready)
+            unusable_images.labels(namespace, job).set(sum(1 for s in statuses if s.unusable))
+            capped_pods.labels(namespace, job).set(capped)
 
     def image_failed(self, namespace: str, job: str, reason: str) -> None:
-        self.failures.labels(namespace, job, reason).inc()
+        with self._lock:
+            self._reasons.setdefault((namespace, job), set()).add(reason)
+            image_failures.labels(namespace, job, reason).inc()
 
     def forget(self, namespace: str, job: str) -> None:
         """A deleted job's series go."""
         with self._lock:
             for pool, image in self._series.pop((namespace, job), set()):
-                self.replicas.remove(namespace, job, pool, image)
-                self.ready.remove(namespace, job, pool, image)
-            for gauge in (self.unusable, self.capped):
+                pool_replicas.remove(namespace, job, pool, image)
+                pool_ready_pods.remove(namespace, job, pool, image)
+            for reason in self._reasons.pop((namespace, job), set()):
+                image_failures.remove(namespace, job, reason)
+            for gauge in (unusable_images, capped_pods):
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, job)
-            for labels in [k for k in list(self.failures._metrics) if k[:2] == (namespace, job)]:
-                self.failures.remove(*labels)
 
 
-pools = PoolMetrics(registry)
+pools = PoolMetrics()

@@ -123,7 +123,7 @@ def test_upcoming_images_are_warmed_within_the_caps_and_idle_pools_go_to_zero(cl
     wait_for("pools in the status", lambda: set(pools_status(api, "warm")) == {IMAGE_A, IMAGE_B})
     capped = wait_for(
         "the cap is measured",
-        lambda: operator.metrics().get('kuberl_sandbox_pool_capped_pods{"namespace": "default", "rljob": "warm"}'),
+        lambda: operator.metrics().get('kuberl_operator_sandbox_pool_capped_pods{"namespace": "default", "rljob": "warm"}'),
     )
     assert capped >= 1
 
@@ -178,7 +178,7 @@ def test_an_image_that_cannot_be_pulled_is_unusable_and_its_pool_goes_to_zero(cl
     wait_for("its pool at zero", lambda: pool_replicas(api, "pull", IMAGE_A) == 0)
     assert "SandboxImageUnusable" in event_reasons(api, "pull")
     failures = operator.metrics()
-    key = 'kuberl_sandbox_image_failures_total{"namespace": "default", "reason": "ImagePullBackOff", "rljob": "pull"}'
+    key = 'kuberl_operator_sandbox_image_failures_total{"namespace": "default", "reason": "ImagePullBackOff", "rljob": "pull"}'
     assert failures.get(key) == 1.0
     time.sleep(2)  # demand stays: the image stays masked and its pool at zero
     assert pool_replicas(api, "pull", IMAGE_A) == 0
