@@ -41,8 +41,11 @@ def server_argv(server_args: list[str]) -> list[str]:
 
 def server_env() -> dict[str, str]:
     """What the foreign container's environment needs beside the server's usual KUBERL_SANDBOX_* variables.
-    PATH is left as the image has it: agent commands and tests run the image's own tools."""
+    PATH is left as the image has it: agent commands and tests run the image's own tools. An image's LD_PRELOAD
+    and LD_LIBRARY_PATH are emptied: the server loads the bundle's libraries only."""
     return {
+        "LD_PRELOAD": "",
+        "LD_LIBRARY_PATH": "",
         "PYTHONHOME": PYTHON_HOME,
         "PYTHONPATH": SITE_PACKAGES,
         "PYTHONNOUSERSITE": "1",

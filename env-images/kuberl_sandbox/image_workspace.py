@@ -71,12 +71,16 @@ def image_python() -> str:
 def copy_workdir(folder: Path, workspace: Path, owner: Owner | None) -> None:
     """Copy the image's repository into the new, empty workspace: GNU tar reads it as the server (links archived
     as links, never followed) and a second tar, run as the session's user, writes it (nothing that user could not
-    write). The workspace stays 0700, the session's."""
+    write). Numeric owners: no name lookup, which could load the image's NSS modules into the bundle's tar. The
+    workspace stays 0700, the session's."""
     user = [] if owner is None else [SETPRIV, f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups"]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     with tempfile.TemporaryFile() as errors:
         reader = subprocess.Popen(
-            [TAR, "-c", "-f", "-", "-C", str(folder), "."], stdout=subprocess.PIPE, stderr=errors, env=env
+            [TAR, "-c", "--numeric-owner", "-f", "-", "-C", str(folder), "."],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            env=env,
         )
         assert reader.stdout is not None
         with reader.stdout:
