@@ -565,8 +565,11 @@ class SandboxPoolEngine(StrEnum):
 class SandboxPoolsSpec(ApiModel):
     """Sandbox pools per environment image, for tasks that name their own image (docs/sandbox-pools.md)."""
 
-    idle_timeout: Duration = "10m"
-    """An image's pool with no running, queued or upcoming episode for this long scales to zero."""
+    idle_timeout: Duration = "1m"
+    """An image's pool with no running, queued or upcoming episode for this long scales to zero. Short, because
+    the learner announces the images it draws next: an image it has not announced is rarely needed again soon
+    (in a dataset of hundreds of images a task comes back an epoch later), so idle pods mostly wait for nothing
+    (benchmarks/measured/sandbox_pools.json)."""
     warm_replicas: int = Field(1, ge=0, le=100)
     """Pods kept ready for an image whose episodes the learner will start next, or used within idleTimeout."""
     max_warm_images: int = Field(64, ge=1, le=10_000)
