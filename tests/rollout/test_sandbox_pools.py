@@ -30,6 +30,7 @@ from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_rollout.sandbox_pools import SandboxPools
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.weights import BucketAssembler
+from kuberl_trainer.rollout_client import RolloutClient
 
 IMAGE = "ghcr.io/acme/env-django:1"
 OTHER = "ghcr.io/acme/env-flask:2"
@@ -233,3 +234,19 @@ async def test_an_episode_waiting_for_its_pool_is_demand_but_holds_up_no_weight_
         released.set()
         [trajectory] = await service.take(8, wait_s=5)
     assert trajectory.error is None
+
+
+def test_the_learners_client_announces_what_the_server_counts_by_image():
+    made: dict[str, RolloutService] = {}
+
+    async def build_state() -> RolloutState:
+        service = made["service"] = _service()
+        return RolloutState(service, service.metrics, "tiny", "wait", BucketAssembler(WEIGHTS), 4096)
+
+    with TestClient(create_app(build_state, TOKEN), base_url="http://rollout", headers=bearer(TOKEN)) as http:
+        client = RolloutClient(["http://rollout"], TOKEN)
+        client.http[0].close()
+        client.http = [http]
+        client.announce([(TASKS[2].task_id, 4), (TASKS[0].task_id, 4), (TASKS[2].task_id, 4)])
+        assert made["service"].metrics.upcoming.counts == {"": 4, IMAGE: 8}
+        assert client.without_upcoming == set()
