@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from kuberl.api import env_vars
 from kuberl.api.environment import EnvironmentFailure, Task
 from kuberl.api.sandbox_images import episode_image, pool_service_name
 from kuberl.api.spec import SandboxSpec
@@ -75,7 +76,12 @@ class SandboxPools:
         if self.pool_url is None:
             if not self._ignored_logged:
                 self._ignored_logged = True
-                log.info("tasks name sandbox images (e.g. %s); without per-image pools they run on the job's", image)
+                log.info(
+                    "tasks name sandbox images (e.g. %s), ignored: without %s (per-image pools, a cluster feature) "
+                    "every task runs on the job's sandbox servers",
+                    image,
+                    env_vars.SANDBOX_POOL_URL,
+                )
             return DEFAULT_IMAGE
         return image
 
