@@ -22,6 +22,7 @@ MAX_GROUP_SIZE = 1024
 MAX_TRAJECTORIES_PER_POLL = 4096
 MAX_POLL_WAIT_S = 300.0
 MAX_BUCKETS = 100_000
+MAX_UPCOMING_TASKS = 4096
 
 
 class RolloutRequest(BaseModel):
@@ -109,7 +110,7 @@ class UpcomingTasks(RolloutRequest):
     announcement (an empty list withdraws it). The server exports them per sandbox image
     (`kuberl_rollout_upcoming_sessions`), so the operator warms the images' pools before the episodes queue."""
 
-    tasks: list[UpcomingTask] = Field(default_factory=list, max_length=MAX_TRAJECTORIES_PER_POLL)
+    tasks: list[UpcomingTask] = Field(default_factory=list, max_length=MAX_UPCOMING_TASKS)
 
 
 class UpcomingSessions(RolloutReply):
