@@ -20,6 +20,7 @@ import httpx
 
 from kuberl.api.environment import Task
 from kuberl.api.rollout_http import (
+    MAX_UPCOMING_TASKS,
     AcceptedGroup,
     Policy,
     SubmitGroup,
@@ -104,7 +105,7 @@ class RolloutClient:
         know the route is not asked again."""
         servers = [s for s in range(len(self.http)) if s not in self.down and s not in self.without_upcoming]
         for i, server in enumerate(servers):
-            part = [UpcomingTask(task_id=t, episodes=n) for t, n in upcoming[i :: len(servers)]]
+            part = [UpcomingTask(task_id=t, episodes=n) for t, n in upcoming[i :: len(servers)][:MAX_UPCOMING_TASKS]]
             try:
                 r = self.http[server].post("/v1/upcoming", json=UpcomingTasks(tasks=part).wire())
             except httpx.TransportError as err:
