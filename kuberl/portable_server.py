@@ -30,7 +30,16 @@ TOOLS = f"{PORTABLE_MOUNT}/bin"
 
 def install_argv() -> list[str]:
     """The init container's command (in the KubeRL sandbox image): copy the bundle onto PORTABLE_MOUNT."""
-    return ["cp", "-a", "--no-target-directory", BUNDLE_IN_SANDBOX_IMAGE, PORTABLE_MOUNT]
+    # the emptyDir's own folder belongs to root (mode 0777): the installer, not root, may fill it but not set its
+    # mode or times, which `cp -a` would do; the bundle needs neither (executable bits are kept, it has no .pyc)
+    return [
+        "cp",
+        "-a",
+        "--no-preserve=mode,timestamps",
+        "--no-target-directory",
+        BUNDLE_IN_SANDBOX_IMAGE,
+        PORTABLE_MOUNT,
+    ]
 
 
 def server_argv(server_args: list[str]) -> list[str]:
