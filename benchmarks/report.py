@@ -245,6 +245,19 @@ GOALS: tuple[Goal, ...] = (
         " ms",
     ),
     Goal(
+        "sandbox pools per image, simulated day on SWE-bench Verified's 500 images: KubeRL p99 wait for a session, s",
+        lambda r: dig(r, "sandbox_pools.strategies.kuberl.wait_p99_s"),
+        10.0,
+        "lower",
+        " s",
+    ),
+    Goal(
+        "sandbox pools per image, simulated: KubeRL pod-hours ÷ the oracle's (pods only while episodes run)",
+        lambda r: dig(r, "sandbox_pools.strategies.kuberl.pod_hours_vs_oracle"),
+        1.5,
+        "lower",
+    ),
+    Goal(
         "lost rollout server (two servers): seconds to full throughput again",
         lambda r: dig(r, FULL_THROUGHPUT_AGAIN),
         None,

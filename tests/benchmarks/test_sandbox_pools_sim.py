@@ -3,6 +3,7 @@ every episode is served, and no strategy beats the oracle's pod-hours."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 
@@ -36,6 +37,24 @@ def test_the_trace_draws_every_task_once_per_epoch():
     assert len(groups) >= 50 and sorted(epoch) == list(range(50))
 
 
+def test_the_next_step_is_announced_when_the_batch_is_collected_and_submitted_a_training_step_later():
+    trace, _ = outcomes()
+    ends = trace.submit_s + trace.duration_s
+    collected = np.array([ends[trace.step == k].max() for k in range(trace.step_submit_s.size - 1)])
+    assert np.allclose(trace.step_announce_s[1:], collected)
+    assert np.allclose(trace.step_submit_s[1:] - trace.step_announce_s[1:], SHORT.train_s)
+    assert trace.step_announce_s[0] == trace.step_submit_s[0]  # no batch before the first step
+
+
+def test_the_announcement_sensitivities():
+    ahead = bench.make_trace(dataclasses.replace(SHORT, announce="step-ahead"))
+    assert np.array_equal(ahead.step_announce_s[1:], ahead.step_submit_s[:-1])
+    none = bench.make_trace(dataclasses.replace(SHORT, announce="none"))
+    assert np.array_equal(none.step_announce_s, none.step_submit_s)
+    with pytest.raises(ValueError):
+        bench.make_trace(dataclasses.replace(SHORT, announce="sometimes"))
+
+
 def test_the_caps_are_never_exceeded():
     _, result = outcomes()
     assert 0 < result["kuberl"].max_pods <= SHORT.max_replicas
@@ -64,7 +83,11 @@ def test_warm_pools_wait_less_than_a_pod_per_episode():
 
 
 def test_the_report_has_every_strategy_and_the_goal():
-    report = bench.run(SHORT, variants={"kuberl, idleTimeout 0s": {"idle_timeout_s": 0.0}})
-    assert set(report["strategies"]) == {*bench.STRATEGIES, "kuberl, idleTimeout 0s"}
+    variants = {"kuberl, idleTimeout 0s": {"idle_timeout_s": 0.0}, "kuberl, training 600 s": {"train_s": 600.0}}
+    report = bench.run(SHORT, variants=variants)
+    assert set(report["strategies"]) == {*bench.STRATEGIES, *variants}
     assert report["strategies"]["oracle"]["pod_hours_vs_oracle"] == 1.0
     assert isinstance(report["goal_met"], bool)
+    # a longer training step is a shorter trace in the same hours, compared with its own oracle
+    longer = report["strategies"]["kuberl, training 600 s"]
+    assert longer["episodes"] < report["episodes"] and longer["pod_hours_vs_oracle"] >= 1.0
