@@ -22,6 +22,7 @@ PHASES: dict[Reason, Phase] = {
     Reason.NO_LEARNING_SIGNAL: Phase.FAILED,
     Reason.NO_PROGRESS: Phase.FAILED,  # a hang: nothing trains, and a restart will not fix what caused it
     Reason.RETRY_BUDGET_EXHAUSTED: Phase.FAILED,
+    Reason.NO_USABLE_IMAGES: Phase.FAILED,  # no training task's environment image can run: nothing to train on
     # a limit the user set was reached: stopped, resumable with a higher limit
     Reason.MAX_STEPS_REACHED: Phase.STOPPED,
     Reason.MAX_WALL_CLOCK_REACHED: Phase.STOPPED,
