@@ -41,8 +41,13 @@ def sandbox_environment(env: EnvironmentSpec) -> dict[str, str]:
 
 def readiness_problems(env: EnvironmentSpec) -> list[str]:
     """One line per thing missing before a job on these instances can start (empty: ready)."""
-    if env.name != SWE_BENCH or env.tasks.uri is None or env.tasks.repos is None:
+    if env.name != SWE_BENCH or env.tasks.uri is None:
         return []
+    if env.tasks.repos is None:
+        return [
+            "spec.environment.tasks.repos: on one machine instances run from the mirror of their repositories, "
+            "not from their images (those are for a cluster): give the mirror (docs/swe-bench.md, section 2)"
+        ]
     if env.tasks.uri.startswith("s3://"):
         return []  # read by the servers themselves; the row checks run there
     mirror, environments = mirror_folder(env), environments_folder(env)

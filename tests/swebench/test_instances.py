@@ -181,6 +181,13 @@ def test_a_job_refuses_to_start_without_its_commits_and_environments(tmp_path):
     assert readiness_problems(EnvironmentSpec()) == [] and sandbox_environment(EnvironmentSpec()) == {}
 
 
+def test_on_one_machine_instances_need_the_mirror_even_when_they_name_images(tmp_path):
+    file = write(tmp_path / "rows.jsonl", [row(image="reg/lib:1")])
+    env = EnvironmentSpec.model_validate({"name": "swe-bench", "tasks": {"uri": str(file)}})
+    (problem,) = readiness_problems(env)
+    assert problem.startswith("spec.environment.tasks.repos: on one machine instances run from the mirror")
+
+
 def test_a_mirror_on_s3_is_copied_once_and_read_like_a_folder(tmp_path, monkeypatch):
     """A real S3 API (moto's server on 127.0.0.1) holding a bare repository under a prefix."""
     import boto3
