@@ -19,6 +19,8 @@ EXPECTED = {
     "KubeRLStalenessAboveBound",
     "KubeRLRolloutFailureRateHigh",
     "KubeRLSandboxTimeoutsHigh",
+    "KubeRLSandboxImageStarved",
+    "KubeRLSandboxPoolsCapped",
     "KubeRLRewardTampering",
     "KubeRLOperatorDown",
     "KubeRLOperatorReconcileErrors",
