@@ -57,6 +57,7 @@ class PoolsMemory:
     waits: StartLatency = field(default_factory=StartLatency)  # each image's sandbox-wait histogram
     zero_since: dict[str, float] = field(default_factory=dict)  # image -> clock when its pool reached zero
     capped: int = 0  # pods the caps denied at the last plan
+    images: set[str] | None = None  # the images with pool objects at the last listing (None: never listed)
 
 
 @dataclass(frozen=True)
@@ -206,11 +207,14 @@ def reconcile_pools(
     hold, health and status are still read."""
     namespace, uid = body["metadata"]["namespace"], body["metadata"]["uid"]
     security, images = security or SandboxPodSecurity.from_env(), images or JobImages.from_env()
+    pool_pods = pods_by_pool(pods)
+    if memory.images == set() and not (demand or pool_pods or stored or memory.unusable):
+        return PoolsOutcome([], memory.capped, {})  # a job on its default pool only: no request at all
     if memory.engine is None:
         memory.engine = resolve_engine(kube, job)
     existing = existing_pools(kube, job, namespace, memory.engine)
     current = {image: replicas_of(obj) for image, obj in existing.items()}
-    health = {key: pool_health(group) for key, group in pods_by_pool(pods).items()}
+    health = {key: pool_health(group) for key, group in pool_pods.items()}
     known = set(existing) | set(demand or {}) | set(memory.unusable) | {s.image for s in stored}
     new_failures = record_failures(memory, known, health, stored)
     if demand is None:
@@ -226,6 +230,7 @@ def reconcile_pools(
         )
         memory.planner, memory.capped = plan.state, plan.capped
         wanted = {image: plan.replicas.get(image, 0) for image in known}
+    present = set(existing)
     for image in sorted(known):
         replicas = wanted[image] = 0 if image in memory.unusable else wanted.get(image, 0)
         if replicas:
@@ -235,9 +240,12 @@ def reconcile_pools(
         idle = clock - memory.zero_since.get(image, clock) >= POOL_DELETE_AFTER_S
         if image in existing and idle and not health.get(pool_key(image), PoolHealth()).pods:
             delete_pool(kube, job, image, namespace, memory.engine)
+            present.discard(image)
             continue
-        apply_pool(kube, job, image, replicas, existing.get(image), namespace, uid, memory.engine, security, images)
+        if apply_pool(kube, job, image, replicas, existing.get(image), namespace, uid, memory.engine, security, images):
+            present.add(image)
     memory.zero_since = {image: t for image, t in memory.zero_since.items() if image in known}
+    memory.images = present
     return PoolsOutcome(pool_statuses(job, known, wanted, health, memory), memory.capped, new_failures)
 
 
