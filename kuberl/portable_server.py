@@ -24,22 +24,19 @@ PYTHON_HOME = f"{PORTABLE_MOUNT}/python"
 SITE_PACKAGES = f"{PYTHON_HOME}/site-packages"
 """The server's packages (kuberl, kuberl_sandbox and their dependencies)."""
 PYTHON = f"{PYTHON_HOME}/bin/python3.11"
+BUNDLE_PARTS = ("bin", "lib", "python")
+"""The bundle's top-level folders (images/portable_bundle.py makes them): tools, loader and libraries, Python."""
 TOOLS = f"{PORTABLE_MOUNT}/bin"
 """The tools the server runs in this mode (setpriv, nsenter, unshare, prlimit, mount, ip, patch, tar, ...)."""
 
 
 def install_argv() -> list[str]:
     """The init container's command (in the KubeRL sandbox image): copy the bundle onto PORTABLE_MOUNT."""
-    # the emptyDir's own folder belongs to root (mode 0777): the installer, not root, may fill it but not set its
-    # mode or times, which `cp -a` would do; the bundle needs neither (executable bits are kept, it has no .pyc)
-    return [
-        "cp",
-        "-a",
-        "--no-preserve=mode,timestamps",
-        "--no-target-directory",
-        BUNDLE_IN_SANDBOX_IMAGE,
-        PORTABLE_MOUNT,
-    ]
+    # Each part into the mount, not the bundle's folder onto it: the emptyDir's own folder is root's (0777) and a
+    # non-root installer may fill it but not set its mode or times. Modes are kept (the executables' x bits);
+    # owners and times need not be.
+    parts = [f"{BUNDLE_IN_SANDBOX_IMAGE}/{part}" for part in BUNDLE_PARTS]
+    return ["cp", "-R", "--preserve=mode", "--target-directory", PORTABLE_MOUNT, *parts]
 
 
 def server_argv(server_args: list[str]) -> list[str]:

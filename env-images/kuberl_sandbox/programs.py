@@ -23,6 +23,9 @@ def program(name: str, fallback: str) -> str:
     return shutil.which(name) or fallback
 
 
+BUNDLED = ("setpriv", "nsenter", "unshare", "prlimit", "mount", "ip", "nft", "slirp4netns", "patch", "tar", "rm", "cat")
+"""Every program below, by name: what the portable bundle carries (images/portable_bundle.py)."""
+
 SETPRIV = program("setpriv", "/usr/bin/setpriv")
 UNSHARE = program("unshare", "/usr/bin/unshare")
 NSENTER = program("nsenter", "/usr/bin/nsenter")

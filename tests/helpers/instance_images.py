@@ -11,7 +11,9 @@
 
 Repositories: semver 3.0.4 (tests/helpers/swe_repos.py: a bug in bump_patch) and inflection 0.5.1 (one of the
 factory's pinned packages: a bug in dasherize); their source distributions are fetched by pip. Each image is
-built once and kept, tagged with a digest of what it is made of (the recipe, the base, the commit).
+built once and kept, tagged with a digest of what it is made of (the recipe, the base, the commit). Building needs
+root, buildah and PyPI (pip in the build), as tests/helpers/built_images.py does; the images land in the local
+container storage (vfs).
 """
 
 from __future__ import annotations

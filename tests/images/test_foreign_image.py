@@ -41,15 +41,14 @@ def bundle():
         pytest.skip(reason)
     sandbox = built_image("sandbox")
     folder = Path(tempfile.mkdtemp(prefix="kuberl-bundle-", dir="/var/tmp"))
-    folder.chmod(0o755)
+    folder.chmod(0o777)  # an emptyDir: root's, 0777; the operator's installer runs as a non-root uid
     command, *args = portable_server.install_argv()
     volume = f"{folder}:{portable_server.PORTABLE_MOUNT}"
-    subprocess.run(
-        [*PODMAN, "run", "--rm", "--network", "none", *ulimits(), "--volume", volume, "--entrypoint", command,
-         sandbox, *args],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    installer = [*PODMAN, "run", "--rm", "--network", "none", *ulimits(), "--user", "65532:65532", "--cap-drop", "ALL"]
+    done = subprocess.run(
+        [*installer, "--volume", volume, "--entrypoint", command, sandbox, *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -92,7 +91,8 @@ def server(request, bundle):
     command = _run_server(
         image, bundle, token, "--detach", "--name", name, "--volume", f"{CLIENT}:/opt/test/client.py:ro"
     )
-    subprocess.run(command, check=True, capture_output=True)
+    started = subprocess.run(command, capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
     try:
         yield request.param, Server(name)
     finally:

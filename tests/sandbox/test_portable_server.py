@@ -4,13 +4,42 @@ image's), and the environment switches the server to image-workspace mode withou
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 from kuberl import portable_server
 from kuberl.api import env_vars
 
 
-def test_the_init_container_copies_the_bundle_onto_the_shared_mount():
-    argv = portable_server.install_argv()
-    assert argv[0] == "cp" and argv[-2:] == [portable_server.BUNDLE_IN_SANDBOX_IMAGE, portable_server.PORTABLE_MOUNT]
+def test_a_non_root_installer_fills_a_root_owned_mount_keeping_the_executables_modes(monkeypatch):
+    work = Path(tempfile.mkdtemp(prefix="kuberl-install-", dir="/tmp"))  # reachable by the installer's uid
+    try:
+        _install_into(work, monkeypatch)
+    finally:
+        shutil.rmtree(work)
+
+
+def _install_into(work: Path, monkeypatch) -> None:
+    bundle, mount = work / "bundle", work / "mount"
+    for part in portable_server.BUNDLE_PARTS:
+        (bundle / part).mkdir(parents=True)
+    (bundle / "bin" / "tool").write_text("#!/bin/sh\n")
+    (bundle / "bin" / "tool").chmod(0o755)
+    (bundle / "lib" / "libx.so").write_text("")
+    mount.mkdir(mode=0o777)
+    mount.chmod(0o777)  # a kubelet's emptyDir: root's, 0777
+    work.chmod(0o755)
+    monkeypatch.setattr(portable_server, "BUNDLE_IN_SANDBOX_IMAGE", str(bundle))
+    monkeypatch.setattr(portable_server, "PORTABLE_MOUNT", str(mount))
+    # as the operator's installer runs: a non-root uid (when this test runs as root)
+    user = ["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups"] if os.geteuid() == 0 else []
+    subprocess.run([*user, *portable_server.install_argv()], check=True, capture_output=True)
+    assert os.access(mount / "bin" / "tool", os.X_OK) and (mount / "bin" / "tool").stat().st_mode & 0o777 == 0o755
+    assert (mount / "lib" / "libx.so").is_file() and (mount / "python").is_dir()
+    assert mount.stat().st_mode & 0o777 == 0o777  # the mount's own folder untouched
 
 
 def test_the_server_runs_the_bundled_interpreter_without_a_shell():
