@@ -26,6 +26,7 @@ DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 SERVICES = f"/api/v1/namespaces/{NS}/services"
 AGENT_SANDBOX = f"/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{NS}"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CAPPED, FAILURES = "kuberl_operator_sandbox_pool_capped_pods", "kuberl_operator_sandbox_image_failures_total"
 IMAGE_A = "docker.io/swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
 IMAGE_B = "docker.io/swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
 IMAGE_C = "docker.io/swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest"
@@ -123,7 +124,7 @@ def test_upcoming_images_are_warmed_within_the_caps_and_idle_pools_go_to_zero(cl
     wait_for("pools in the status", lambda: set(pools_status(api, "warm")) == {IMAGE_A, IMAGE_B})
     capped = wait_for(
         "the cap is measured",
-        lambda: operator.metrics().get('kuberl_operator_sandbox_pool_capped_pods{"namespace": "default", "rljob": "warm"}'),
+        lambda: operator.metrics().get(CAPPED + '{"namespace": "default", "rljob": "warm"}'),
     )
     assert capped >= 1
 
@@ -178,7 +179,7 @@ def test_an_image_that_cannot_be_pulled_is_unusable_and_its_pool_goes_to_zero(cl
     wait_for("its pool at zero", lambda: pool_replicas(api, "pull", IMAGE_A) == 0)
     assert "SandboxImageUnusable" in event_reasons(api, "pull")
     failures = operator.metrics()
-    key = 'kuberl_operator_sandbox_image_failures_total{"namespace": "default", "reason": "ImagePullBackOff", "rljob": "pull"}'
+    key = FAILURES + '{"namespace": "default", "reason": "ImagePullBackOff", "rljob": "pull"}'
     assert failures.get(key) == 1.0
     time.sleep(2)  # demand stays: the image stays masked and its pool at zero
     assert pool_replicas(api, "pull", IMAGE_A) == 0
