@@ -15,6 +15,8 @@ planner (kuberl_operator.pools) either way; render shows every pool at zero.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -37,6 +39,7 @@ from kuberl_operator.security import NON_ROOT_UID, SandboxPodSecurity, restricte
 
 IMAGE_ANNOTATION = "kuberl.io/sandbox-image"
 """The pool's image on its objects (an image reference may be longer than a label value allows)."""
+TEMPLATE_DIGEST_ANNOTATION = "kuberl.io/sandbox-template-digest"
 KUBERL_ENGINE, AGENT_SANDBOX_ENGINE = "kuberl", "agent-sandbox"
 AGENT_SANDBOX_GROUP = "extensions.agents.x-k8s.io"
 AGENT_SANDBOX_VERSION = "v1beta1"
@@ -187,8 +190,13 @@ def pool_objects(
         n = 0 if job.spec.suspend else replicas[image]
         objects.append(build_pool_service(job, image, namespace, owner))
         if engine == AGENT_SANDBOX_ENGINE:
-            objects.append(build_sandbox_template(job, image, namespace, owner, sandbox_token_secret, security, images))
-            objects.append(build_sandbox_warm_pool(job, image, n, namespace, owner))
+            template = build_sandbox_template(job, image, namespace, owner, sandbox_token_secret, security, images)
+            warm_pool = build_sandbox_warm_pool(job, image, n, namespace, owner)
+            # the warm pool names its template's digest: a changed template (a spec change) shows on the warm
+            # pool, the one object of a pool the operator reads back
+            digest = hashlib.sha256(json.dumps(template["spec"], sort_keys=True).encode()).hexdigest()[:16]
+            warm_pool["metadata"]["annotations"][TEMPLATE_DIGEST_ANNOTATION] = digest
+            objects += [template, warm_pool]
         else:
             objects.append(
                 build_pool_deployment(job, image, n, namespace, owner, sandbox_token_secret, security, images)
