@@ -44,7 +44,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Ope
             operator.stop()
 
 
-def running_job(api: Api, name: str, engine: str = "kuberl", **sandbox: Any) -> RolloutMetrics:
+def running_job(
+    api: Api, name: str, engine: str = "kuberl", job_spec: dict[str, Any] | None = None, **sandbox: Any
+) -> RolloutMetrics:
     """A Running job with one rollout server whose metrics the operator scrapes; returns that server's metrics."""
     metrics = RolloutMetrics()
     port = free_port()
@@ -57,7 +59,7 @@ def running_job(api: Api, name: str, engine: str = "kuberl", **sandbox: Any) -> 
         "engine": engine,
         **sandbox.get("pools", {}),
     }
-    create_job(api, name, sandbox=spec)
+    create_job(api, name, sandbox=spec, **(job_spec or {}))
     wait_phase(api, name, "Initializing")
     start_pods(api, name, "learner", 2)
     start_pods(api, name, "sandbox", 1)
@@ -146,6 +148,15 @@ def test_running_episodes_scale_their_pool_and_a_suspended_job_takes_it_to_zero(
     wait_for("pool scaled on demand", lambda: pool_replicas(api, "busy", IMAGE_A) == 4)
     api.patch(f"{RLJOBS}/busy", {"spec": {"suspend": True}})
     wait_for("pool at zero while suspended", lambda: pool_replicas(api, "busy", IMAGE_A) == 0)
+
+
+def test_a_job_stopped_by_a_breaker_takes_its_pools_to_zero(cluster):
+    api, _ = cluster
+    metrics = running_job(api, "stopping", job_spec={"limits": {"maxWallClock": "10s"}})
+    metrics.queued.set(2, IMAGE_A)
+    wait_for("pool made", lambda: (pool_replicas(api, "stopping", IMAGE_A) or 0) >= 1)
+    wait_phase(api, "stopping", "Stopped")
+    wait_for("pool at zero once stopped", lambda: pool_replicas(api, "stopping", IMAGE_A) == 0)
 
 
 def test_an_image_that_cannot_be_pulled_is_unusable_and_its_pool_goes_to_zero(cluster):
