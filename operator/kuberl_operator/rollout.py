@@ -67,6 +67,18 @@ def build_rollout_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
     )
 
 
+def rollout_env(job: RLJob, namespace: str, sandbox_token_secret: str) -> list[dict[str, Any]]:
+    """The rollout server's environment: the tokens, storage, the CPU engine's threads, where the pools are."""
+    return [
+        sandbox_token_env(sandbox_token_secret),
+        job_token_env(),  # what its callers present
+        *runtime_env(),
+        *storage_env(job),
+        *cpu_engine_env(job.spec.rollout.resources),
+        *env_list({SANDBOX_POOL_URL: sandbox_pool_url(namespace)}),
+    ]
+
+
 def build_rollout_statefulset(
     job: RLJob,
     namespace: str,
@@ -96,14 +108,7 @@ def build_rollout_statefulset(
         "name": ROLLOUT,
         "image": images.image(job, ROLLOUT),
         "command": argv,
-        "env": [
-            sandbox_token_env(sandbox_token_secret),
-            job_token_env(),  # what its callers present
-            *runtime_env(),
-            *storage_env(job),
-            *cpu_engine_env(job.spec.rollout.resources),
-            *env_list({SANDBOX_POOL_URL: sandbox_pool_url(namespace)}),
-        ],
+        "env": rollout_env(job, namespace, sandbox_token_secret),
         "ports": [{"name": "http", "containerPort": ROLLOUT_PORT, "protocol": "TCP"}],
         "resources": resources(job.spec.rollout.resources),
         "volumeMounts": mounts,
