@@ -576,6 +576,10 @@ class SandboxPoolsSpec(ApiModel):
     """Most distinct images with pods at once (each pool's pods count against maxReplicas too)."""
     claim_timeout: Duration = "10m"
     """How long an episode waits for a session of its image before it ends as failed (masked, not scored 0)."""
+    image_path: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^/[^\s]*$")] | None = None
+    """The PATH of agent commands and test runs in task images; unset: the image's own. SWE-bench's images
+    activate their conda environment in a shell profile rather than in PATH: give
+    `/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`."""
     engine: SandboxPoolEngine = SandboxPoolEngine.AUTO
     """Who runs the pools: kuberl (a Deployment per image), agent-sandbox (a SandboxTemplate and SandboxWarmPool
     per image, kubernetes-sigs/agent-sandbox), or auto (agent-sandbox when its CRDs are installed)."""

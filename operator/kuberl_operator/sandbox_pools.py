@@ -107,6 +107,8 @@ def build_pool_pod_template(
     }
     container = sandbox_container(job, sandbox_token_secret, security, image, server_argv(sandbox_server_options(job)))
     foreign = server_env()  # an env list is keyed by name: one entry per variable, the bundle's winning
+    if job.spec.sandbox.pools.image_path is not None:
+        foreign["PATH"] = job.spec.sandbox.pools.image_path  # the server runs by absolute path; commands use it
     container["env"] = [*(e for e in container["env"] if e["name"] not in foreign), *env_list(foreign)]
     container["volumeMounts"] = [*container["volumeMounts"], {**bundle, "readOnly": True}]
     labels = {**common_labels(job, SANDBOX), POOL_LABEL: pool_key(image)}

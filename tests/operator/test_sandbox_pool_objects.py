@@ -72,6 +72,17 @@ def test_the_task_image_runs_the_bundled_server_the_sandbox_image_installs():
     assert installer["securityContext"]["runAsNonRoot"] is True
 
 
+def test_the_commands_path_in_task_images_is_the_images_own_unless_the_job_gives_one():
+    conda = "/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:/usr/bin:/bin"
+
+    def server_path(j: RLJob) -> str | None:
+        (server,) = objects(j)["Deployment"]["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in server["env"]}.get("PATH")
+
+    assert server_path(job()) is None
+    assert server_path(job(pools={"imagePath": conda})) == conda
+
+
 def test_an_image_pool_pod_has_the_default_pools_hardening_and_placement():
     j = job(runtimeClassName="gvisor")
     default = build_sandbox_deployment(j, "rl", None, "swe-sandbox-token", SECURITY, IMAGES)["spec"]["template"]["spec"]
