@@ -3,11 +3,11 @@
 No cluster. 500 images, one per instance, in Verified's repository mix. A seeded trace of a sync RL loop:
 steps of 16 groups x 8 episodes, tasks drawn without replacement through each epoch. When a step's last
 episode ends (the batch is collected) the learner announces the next step's tasks as upcoming, trains on the
-batch and updates the rollout engines' weights (`train_s`), then submits the next step. The submit times are
-those of a run whose episodes never wait, the same for every strategy. Episode durations are lognormal. A pod
-is ready a cold image pull plus the server's start after it is created (PULL_S: assumptions per repository,
-not measurements; every start pulls, as a node's image cache holds few of 500 multi-GB images). Four
-strategies on the same trace:
+batch and updates the rollout engines' weights (`train_s`), then submits the next step; the first step is
+announced as it is submitted. The submit times are those of a run whose episodes never wait, the same for
+every strategy. Episode durations are lognormal. A pod is ready a cold image pull plus the server's start
+after it is created (PULL_S: assumptions per repository, not measurements; every start pulls, as a node's
+image cache holds few of 500 multi-GB images). Four strategies on the same trace:
 
 - kuberl: the operator's planner, `kuberl_operator.pools.plan_pools` (the real one), called every 3 s with
   each image's running, queued and upcoming episodes; a pool's pods are created and removed as it says (a
@@ -25,8 +25,15 @@ The training step plus weight update (`train_s`, the announcement's lead) is an 
 train plus about 0.3e17 for the old-policy log-probabilities, about 40 s on 8 H100s at 40 % of their bf16
 peak; the optimizer step, the weight update (16 GB to the rollout engines) and the step's overheads bring it
 to 60-90 s. Longer trajectories, fewer GPUs or a reference model make it longer: 90 s is the short end, the
-hard case for the waits. 30 s and 180 s are sensitivity rows, as is the announcement a whole step ahead
-(when the step before is submitted).
+hard case for the waits. 30 s and 180 s are sensitivity rows.
+
+When to announce is a trade: earlier warms the slow pulls in time, but a warm pod waits for its episodes.
+Sensitivity rows: the next step announced once a fraction f < 1 of the current step's episodes has finished
+(a batch's slowest episodes run minutes after the rest, so its pods wait that long), a whole step ahead (when
+the step before is submitted), not at all, and the first step announced 60 s before it is submitted. The
+learner cannot do the last today: its feed is made after the model is loaded, and a rollout server answers
+only once its engine is loaded, so the first submission follows the first moment an announcement could reach
+one; the default is 0 s.
 
     .venv/bin/python benchmarks/bench_sandbox_pools.py   # writes benchmarks/measured/sandbox_pools.json and
                                                          # docs/img/sandbox-pools.png
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import sys
 import time
 from collections import deque
@@ -99,9 +107,12 @@ class Setup:
     server_start_s: float = 3.0
     tick_s: float = 3.0  # the operator's observation period
     train_s: float = 90.0  # from a batch collected to the next step submitted: training step + weight update
-    # when the learner announces the next step's tasks (upcoming): "collected" (the current batch is, the rule),
-    # "step-ahead" (the current step is submitted: a sensitivity) or "none"
-    announce: str = "collected"
+    # when the learner announces the next step's tasks (upcoming): "finished" (a fraction `announce_fraction` of
+    # the current step's episodes has finished; 1.0, the learner's rule: the batch is collected), "step-ahead"
+    # (the current step is submitted) or "none"
+    announce: str = "finished"
+    announce_fraction: float = 1.0
+    first_lead_s: float = 0.0  # the first step is announced this long before it is submitted (job start-up)
     seed: int = 0
     max_replicas: int = 64
     max_warm_images: int = 64
@@ -175,20 +186,24 @@ def make_trace(setup: Setup) -> Trace:
         np.concatenate(durations),
         np.concatenate(steps),
         step_submit_s,
-        announce_times(step_submit_s, setup),
+        announce_times(step_submit_s, [t + d for t, d in zip(submits, durations, strict=True)], setup),
         tuple(repo for repo, n in setup.repositories.items() for _ in range(n)),
     )
 
 
-def announce_times(step_submit_s: np.ndarray, setup: Setup) -> np.ndarray:
-    """When the learner announces each step's tasks. The first step is announced as it is submitted: there is
-    no batch before it."""
+def announce_times(step_submit_s: np.ndarray, ends_by_step: list[np.ndarray], setup: Setup) -> np.ndarray:
+    """When the learner announces each step's tasks. The first step has no step before it: it is announced
+    `first_lead_s` before it is submitted (while the learner starts)."""
     if setup.announce == "none":
         return step_submit_s
-    if setup.announce == "collected":  # the step before collected: its submit time less the training step
-        return np.concatenate([step_submit_s[:1], step_submit_s[1:] - setup.train_s])
+    first = step_submit_s[:1] - setup.first_lead_s
+    if setup.announce == "finished":  # the ceil(f n)-th of the step before's n episodes ended
+        if not 0.0 < setup.announce_fraction <= 1.0:
+            raise ValueError(f"announce_fraction {setup.announce_fraction}")
+        nth = [np.sort(ends)[math.ceil(setup.announce_fraction * ends.size) - 1] for ends in ends_by_step[:-1]]
+        return np.concatenate([first, nth])
     if setup.announce == "step-ahead":
-        return np.concatenate([step_submit_s[:1], step_submit_s[:-1]])
+        return np.concatenate([first, step_submit_s[:-1]])
     raise ValueError(f"announce {setup.announce!r}")
 
 
@@ -274,7 +289,7 @@ class _PoolsRun:
         heapq.heappush(self.events, (t, kind, self.seq, kind, payload))
 
     def run(self) -> Outcome:
-        t = 0.0
+        t = min(0.0, float(self.trace.step_announce_s.min()))  # the first step may be announced before 0
         give_up = float(self.trace.step_submit_s[-1]) + 2 * self.setup.episode_max_s + 3600.0
         while self.done < self.trace.image.size:
             if t > give_up:
@@ -441,8 +456,13 @@ def compare(setup: Setup) -> dict[str, object]:
 VARIANTS = {
     "kuberl, training step + weight update 30 s": {"train_s": 30.0},
     "kuberl, training step + weight update 180 s": {"train_s": 180.0},
+    "kuberl, next step announced at 50 % of the episodes finished": {"announce_fraction": 0.5},
+    "kuberl, next step announced at 75 % of the episodes finished": {"announce_fraction": 0.75},
+    "kuberl, next step announced at 90 % of the episodes finished": {"announce_fraction": 0.9},
+    "kuberl, next step announced at 99 % of the episodes finished": {"announce_fraction": 0.99},
     "kuberl, next step announced a whole step ahead": {"announce": "step-ahead"},  # as the step before is submitted
     "kuberl, nothing announced": {"announce": "none"},
+    "kuberl, first step announced 60 s before it is submitted": {"first_lead_s": 60.0},
     "kuberl, idleTimeout 0s": {"idle_timeout_s": 0.0},
     "kuberl, idleTimeout 10m": {"idle_timeout_s": 600.0},
 }
@@ -472,7 +492,9 @@ def run(setup: Setup = Setup(), variants: dict[str, dict] = VARIANTS) -> dict[st
 
 ASSUMPTIONS = {
     "learner": "sync: the next step's tasks are announced when the current batch is collected (its last episode "
-    "ends) and submitted train_s later; the first step is announced as it is submitted",
+    "ends) and submitted train_s later; the first step is announced as it is submitted (the learner's feed is "
+    "made after its model is loaded, and a rollout server answers once its engine is: no earlier moment); "
+    "announcing at a fraction f < 1 of the episodes finished, or the first step 60 s ahead, as sensitivity rows",
     "train_s": "90 s for the training step + weight update of 128 trajectories of ~16k tokens on an 8B model on "
     "8 H100s (~1.3e17 FLOPs, ~40 s at 40 % of bf16 peak, plus optimizer, 16 GB weight update, overheads): the "
     "short end, the hard case for the waits; 30 s and 180 s as sensitivity rows",

@@ -46,13 +46,38 @@ def test_the_next_step_is_announced_when_the_batch_is_collected_and_submitted_a_
     assert trace.step_announce_s[0] == trace.step_submit_s[0]  # no batch before the first step
 
 
+def test_the_next_step_is_announced_once_a_fraction_of_the_episodes_has_finished():
+    setup = dataclasses.replace(SHORT, announce_fraction=0.5)
+    trace = bench.make_trace(setup)
+    ends = trace.submit_s + trace.duration_s
+    for k in range(trace.step_submit_s.size - 1):
+        step = ends[trace.step == k]
+        finished = np.sum(step <= trace.step_announce_s[k + 1])
+        assert finished == step.size // 2  # the 64th of 128 ended: half, not one more, not one fewer
+        assert trace.step_submit_s[k] < trace.step_announce_s[k + 1] < step.max()
+
+
+def test_the_first_step_may_be_announced_before_it_is_submitted_and_is_then_warm():
+    uncapped = dataclasses.replace(SHORT, max_replicas=64, max_warm_images=64)  # the first step's 16 images
+    ahead = dataclasses.replace(uncapped, first_lead_s=600.0)
+    trace = bench.make_trace(ahead)
+    assert trace.step_announce_s[0] == trace.step_submit_s[0] - 600.0
+    warm = bench.kuberl(trace, ahead).waits[trace.step == 0]
+    unannounced = bench.make_trace(uncapped)  # the same episodes, the first step announced as it is submitted
+    assert np.array_equal(unannounced.duration_s, trace.duration_s)
+    cold = bench.kuberl(unannounced, uncapped).waits[trace.step == 0]
+    assert warm.max() == 0.0 < cold.min()  # pulled in time, nothing waits; else every episode waits for a pull
+
+
 def test_the_announcement_sensitivities():
     ahead = bench.make_trace(dataclasses.replace(SHORT, announce="step-ahead"))
     assert np.array_equal(ahead.step_announce_s[1:], ahead.step_submit_s[:-1])
-    none = bench.make_trace(dataclasses.replace(SHORT, announce="none"))
+    none = bench.make_trace(dataclasses.replace(SHORT, announce="none", first_lead_s=60.0))
     assert np.array_equal(none.step_announce_s, none.step_submit_s)
     with pytest.raises(ValueError):
         bench.make_trace(dataclasses.replace(SHORT, announce="sometimes"))
+    with pytest.raises(ValueError):
+        bench.make_trace(dataclasses.replace(SHORT, announce_fraction=0.0))
 
 
 def test_the_caps_are_never_exceeded():
