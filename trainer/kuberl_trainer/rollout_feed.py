@@ -35,7 +35,8 @@ Sandbox images (`usable` given, on a cluster): a task whose image the operator f
 when drawn, a group of it that is to be submitted again is replaced by the next draw, and one that finished
 with failed episodes is not run again: its failed members are left out like any. After each batch the tasks of
 about the next step's draws are announced to the rollout servers (`announce`), which the operator reads to
-warm their images' pools before the groups arrive.
+warm their images' pools before the groups arrive. Not earlier: a batch's slowest episodes end minutes after
+the rest, and pods warmed while they run would wait for them (benchmarks/measured/sandbox_pools.json).
 """
 
 from __future__ import annotations
