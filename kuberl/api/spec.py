@@ -39,6 +39,28 @@ class ModelSpec(ApiModel):
     """Weights dtype: auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16."""
     max_context_tokens: int = Field(32768, ge=256, le=1_048_576)
     """Longest context (prompt + all turns) the job may build, in tokens."""
+    lora: LoraSpec | None = None
+    """Train low-rank adapters (LoRA) instead of every weight; unset: full fine-tuning."""
+
+
+LORA_TARGET_PATTERN = r"^(all-linear|[A-Za-z_][A-Za-z0-9_.]*)$"
+
+
+class LoraSpec(ApiModel):
+    """Low-rank adapters (LoRA, through PEFT) on a frozen base model: the learner trains and sends only them, the
+    rollout tier serves each policy version as a new adapter on the same base weights. Policy-gradient RL
+    with LoRA wants a learning rate about 10x that of full fine-tuning."""
+
+    rank: int = Field(16, ge=1, le=1024)
+    """The adapters' rank r."""
+    alpha: float = Field(32.0, gt=0.0, le=100_000.0)
+    """Scaling: the update is alpha / rank times the adapters' product."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training (0: the learner's log-probs match the rollout's)."""
+    target_modules: list[Annotated[str, Field(max_length=128, pattern=LORA_TARGET_PATTERN)]] = Field(
+        default_factory=lambda: ["all-linear"], min_length=1, max_length=64
+    )
+    """Module names to adapt (e.g. q_proj, v_proj), or all-linear: every linear layer but the output head."""
 
 
 # ------------------------------------------------------------------------------------- algorithm
