@@ -25,6 +25,7 @@ from kuberl.api.breakers import Progress, Stop, stop_for
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import TrainingMode, TrainingSpec
 from kuberl.api.status import Phase
+from kuberl_trainer.adapters import trainable_parameters
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.batching import (
     collate,
@@ -114,10 +115,11 @@ def run_learner(
     rank, world, device = init_distributed()
     torch.manual_seed(spec.training.seed)
     ppo = uses_value_head(spec.algorithm)
-    model = load_policy(model_path, spec.learner.fsdp, device, value_head=ppo)
-    reference = load_policy(model_path, spec.learner.fsdp, device, trainable=False) if spec.algorithm.kl_coef else None
+    lora = spec.model.lora
+    model = load_policy(model_path, spec.learner.fsdp, device, value_head=ppo, lora=lora)
+    reference = _reference(spec, model_path, device, model)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
+        trainable_parameters(model), lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
     )
     micro_tokens = micro_batch_tokens(spec, model_path, device)
     store = CheckpointStore(checkpoint_uri(job, run_dir), spec.checkpoint.endpoint_url)
@@ -230,7 +232,7 @@ def run_learner(
         _checkpoint(checkpointer, model, optimizer, state, driver)
     checkpointer.wait()
     # the trained policy as a Hugging Face folder (what users load or serve; the checkpoint is for resuming)
-    exported = export_policy(model, model_path, run_dir / "policy", rank)
+    exported = export_policy(model, model_path, run_dir / "policy", rank, lora)
     if driver and exported is not None and store.uri.startswith("s3://"):
         exported = store.upload_export(exported)  # the run folder is lost with the pod
     if driver:
@@ -262,6 +264,16 @@ def run_learner(
 def checkpoint_uri(job: RLJob, run_dir: Path) -> str:
     """Where the job's checkpoints (and stored weights) live: spec.checkpoint.uri, else the run folder."""
     return job.spec.checkpoint.uri or str(run_dir / "checkpoints")
+
+
+def _reference(spec, model_path: str, device: torch.device, model):
+    """The KL reference (klCoef > 0): a frozen copy of the initial policy, or with LoRA the policy itself, whose
+    base model is its initial policy (train_step disables the adapters for it)."""
+    if not spec.algorithm.kl_coef:
+        return None
+    if spec.model.lora is not None:
+        return model
+    return load_policy(model_path, spec.learner.fsdp, device, trainable=False)
 
 
 def _no_usable_images(driver: Driver | None) -> Stop | None:

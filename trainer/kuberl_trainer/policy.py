@@ -5,19 +5,25 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from kuberl.api.spec import FsdpSpec, RLJobSpec
+from kuberl.api.spec import FsdpSpec, LoraSpec, RLJobSpec
 from kuberl.planning import pod_memory, read_model_shape, resolve_micro_batch_tokens
 from kuberl.storage import check_model_folder
+from kuberl_trainer.adapters import base_of, with_adapters
 from kuberl_trainer.token_scores import enable_fsdp_scoring
 from kuberl_trainer.value_head import VALUE_HEAD, attach_value_head
 
 
 def load_policy(
-    model_path: str, fsdp: FsdpSpec, device: torch.device, value_head: bool = False, trainable: bool = True
+    model_path: str,
+    fsdp: FsdpSpec,
+    device: torch.device,
+    value_head: bool = False,
+    trainable: bool = True,
+    lora: LoraSpec | None = None,
 ):
     """A Hugging Face causal LM in float32 master weights, sharded when a process group exists; with
-    `value_head` also PPO's value head; `trainable=False` gives a frozen copy (the KL reference)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    `value_head` also PPO's value head; `trainable=False` gives a frozen copy (the KL reference); `lora`
+    wraps a trainable policy with PEFT adapters on the frozen base (kuberl_trainer/adapters.py)."""
     from transformers import AutoModelForCausalLM
 
     check_model_folder(model_path)
@@ -35,8 +41,17 @@ def load_policy(
         # dropout, which the rollout engine never applies; the Llama-family configs served here have none.
         model.train()
     model.to(device)
+    policy = with_adapters(model, lora) if lora is not None and trainable else model
     if not dist.is_initialized():
-        return model
+        return policy
+    _shard(base_of(policy), fsdp, device, value_head)
+    return policy
+
+
+def _shard(model, fsdp: FsdpSpec, device: torch.device, value_head: bool) -> None:
+    """FSDP2 units: each decoder block (with its adapters), the value head, then the root."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
     options = {}
     if device.type == "cuda" and fsdp.mixed_precision:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -49,7 +64,6 @@ def load_policy(
         fully_shard(getattr(model, VALUE_HEAD), **options)
     fully_shard(model, **options)
     enable_fsdp_scoring(model)
-    return model
 
 
 def micro_batch_tokens(spec: RLJobSpec, model_path: str, device: torch.device) -> int:

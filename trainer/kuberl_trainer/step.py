@@ -11,6 +11,7 @@ skipped (gradients dropped) and reported.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -255,7 +256,8 @@ def train_step(
     of rows, at least `mini_batches` (pad with rows whose loss mask is empty). Each mini-batch's rows run in
     micro-batches of at most `micro_batch_tokens` (unset: one), whose gradients add up to the mini-batch's.
     `before_update` runs before each optimizer step (a checkpoint still copying the weights waits there, not
-    before the forward)."""
+    before the forward). `ref_model` is a frozen copy, or the policy itself when it has LoRA adapters: the
+    reference is then its base model, the adapters disabled."""
     temperature, start = loss_config.temperature, first_scored(batch.loss_mask)
     parts = torch.tensor_split(torch.arange(batch.input_ids.shape[0]), mini_batches)
     plans = [micro_batches(batch.rows(part), micro_batch_tokens) for part in parts]
@@ -271,7 +273,8 @@ def train_step(
     old = predict(model, batch, temperature, **gradient_free).logprobs if needs_old else None
     ref = None
     if ref_model is not None and loss_config.kl_coef:
-        ref = predict(ref_model, batch, temperature, **gradient_free).logprobs
+        with _reference(model, ref_model):
+            ref = predict(ref_model, batch, temperature, **gradient_free).logprobs
     report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
     total_tokens = 0.0
     norms = []
@@ -305,6 +308,11 @@ def train_step(
     report["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
     report["tokens"] = total_tokens
     return StepReport(**report)
+
+
+def _reference(model, ref_model) -> contextlib.AbstractContextManager:
+    """Adapters off while the policy serves as its own reference (LoRA: no second copy of the weights)."""
+    return model.disable_adapter() if ref_model is model else contextlib.nullcontext()
 
 
 def _update(

@@ -6,6 +6,7 @@ optimizer changes the weights (the only moment training may have to wait). A bac
 waits for the local write, uploads the step's folder to the store, writes the manifest last and prunes
 old checkpoints. Every rank writes its own shards; rank 0 also writes the
 training state (step, policy version, RNG states, task cursor, untrained trajectories) and uploads.
+With LoRA the frozen base is left out: a checkpoint holds the adapters and their optimizer state.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from kuberl.api import env_vars
 from kuberl_trainer.checkpoints.store import CheckpointStore, Manifest
@@ -93,7 +94,7 @@ class Checkpointer:
             folder.mkdir(parents=True)
         if dist.is_initialized():
             dist.barrier(group=self._group)
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
         response = dcp.async_save(
             {"model": model_state, "optim": optim_state},
             checkpoint_id=str(folder),
@@ -162,16 +163,27 @@ class Checkpointer:
             self.store.download(manifest, folder)
         if dist.is_initialized():
             dist.barrier()
-        model_state, optim_state = get_state_dict(model, optimizer)
+        options = _options(model)
+        model_state, optim_state = get_state_dict(model, optimizer, options=options)
         loaded = {"model": model_state, "optim": optim_state}
         dcp.load(loaded, checkpoint_id=str(folder))
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+        set_state_dict(
+            model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"], options=options
+        )
         rng = folder / f"rng-rank{self.rank}.json"
         if rng.exists():
             _set_rng_state(json.loads(rng.read_text()))
         state = TrainingState(**json.loads((folder / TRAINING_STATE).read_text()))
         self.last_complete = manifest
         return state
+
+
+def _options(model) -> StateDictOptions | None:
+    """Frozen parameters (the base model under LoRA adapters) are neither saved nor expected on restore: they
+    are the model folder's, unchanged."""
+    if all(p.requires_grad for p in model.parameters()):
+        return None
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def staging_folder(job: str) -> Path:

@@ -1,0 +1,57 @@
+"""The policy with LoRA adapters (PEFT) on a frozen base: what differs from full fine-tuning, in one place.
+
+The PeftModel wraps the Hugging Face model; FSDP shards the wrapped model (its blocks carry the adapters), and
+the trainer calls the PeftModel, which forwards `config`, `get_decoder` and the FSDP scoring method to it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from kuberl.api.spec import LoraSpec
+from kuberl.modeling.lora import peft_config
+from kuberl_trainer.value_head import VALUE_HEAD, has_value_head
+
+
+def with_adapters(model, lora: LoraSpec):
+    """`model` wrapped with fresh adapters (lora_B zero: the policy is still the base model); only the adapters
+    and a value head, when there is one, require grad."""
+    from peft import get_peft_model
+
+    wrapped = get_peft_model(model, peft_config(lora))
+    if has_value_head(model):
+        getattr(model, VALUE_HEAD).requires_grad_(True)  # PPO's critic trains in full; PEFT froze it
+    return wrapped
+
+
+def has_adapters(model) -> bool:
+    """True for a PEFT-wrapped policy."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def base_of(model):
+    """The Hugging Face model inside a PEFT wrapper (the model itself without one)."""
+    return model.get_base_model() if has_adapters(model) else model
+
+
+def trainable_parameters(model) -> list[torch.nn.Parameter]:
+    """What the optimizer holds: every parameter in full fine-tuning, the adapters (and value head) with LoRA."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def adapter_tensors(model) -> dict[str, torch.Tensor]:
+    """The adapters on CPU under the names of PEFT's adapter_model.safetensors (every rank must call this when
+    sharded: only the adapters are gathered, never the frozen base)."""
+    from peft import get_peft_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if dist.is_initialized():
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        state = get_model_state_dict(model, options=options)
+    else:
+        state = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    tensors = get_peft_model_state_dict(model, state_dict=state)
+    return {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
