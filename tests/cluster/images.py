@@ -100,7 +100,7 @@ def find_image(reference: str, images: dict[str, Image]) -> Image:
     if ":" in name.rsplit("/", 1)[-1]:
         name = name.rsplit(":", 1)[0]
     if name not in images:
-        raise ImageNotFound(f"no Dockerfile of the project builds {reference!r}")
+        raise ImageNotFound(f"{reference}: not found (no Dockerfile of the project builds it)")
     return images[name]
 
 
