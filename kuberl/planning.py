@@ -26,6 +26,10 @@ What the estimate assumes, following the code that runs (trainer/kuberl_trainer/
   policy with klCoef > 0, PPO's values) keep no activations: one micro-batch's final hidden states, one
   block's temporaries and one chunk's logits. The reference model (float32, sharded like the policy) stays
   for the whole job.
+- With LoRA (spec.model.lora) the base weights are frozen: they are still float32 and sharded, but have no
+  gradients and no optimizer state, and serve as the reference (no copy). Gradients and AdamW's moments are
+  the adapters' alone: r x (in + out) per adapted linear layer (`lora_parameters`); the adapters' own
+  activations (rank-r intermediates) are left out.
 - Compute dtype: float32 on CPU; bfloat16 on GPU when fsdp.mixedPrecision. A learner pod uses one GPU.
 - The rollout engine holds the weights (model.dtype; auto is bfloat16 on GPU, float32 on CPU) and a KV
   cache of 2 x layers x kv heads x head dim x dtype bytes per token for min(concurrentSessions,
@@ -43,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from kuberl.api.spec import GPU_RESOURCE, DType, ResourceRequirements, RLJobSpec
+from kuberl.api.spec import GPU_RESOURCE, DType, LoraSpec, ResourceRequirements, RLJobSpec
 from kuberl.api.types import quantity_value
 
 GIB = 1024**3
@@ -89,10 +93,41 @@ class ModelShape:
     def parameters(self) -> int:
         return self.layers * self.block_parameters + self.root_parameters
 
+    def block_linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of a decoder block's linear layers, by module path."""
+        q, kv, h, inter = (
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.hidden_size,
+            self.intermediate_size,
+        )
+        return {
+            "self_attn.q_proj": (h, q),
+            "self_attn.k_proj": (h, kv),
+            "self_attn.v_proj": (h, kv),
+            "self_attn.o_proj": (q, h),
+            "mlp.gate_proj": (h, inter),
+            "mlp.up_proj": (h, inter),
+            "mlp.down_proj": (inter, h),
+        }
+
     def block_activation_elements(self) -> int:
         """Elements one decoder block saves for the backward, per token."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         return 4 * self.hidden_size + 3 * q + 2 * kv + 4 * self.intermediate_size
+
+
+def lora_parameters(shape: ModelShape, lora: LoraSpec) -> int:
+    """The adapters' parameters: r x (in + out) for each adapted linear layer of every block ("all-linear":
+    all of them; the output head is never adapted). A target names a module, or the end of its path."""
+    targets = set(lora.target_modules)
+    per_block = 0
+    for path, (fan_in, fan_out) in shape.block_linears().items():
+        if "all-linear" in targets or any(
+            path == t or path.endswith("." + t) or t.endswith("." + path) for t in targets
+        ):
+            per_block += lora.rank * (fan_in + fan_out)
+    return shape.layers * per_block
 
 
 def model_shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
@@ -219,6 +254,8 @@ class LearnerPlan:
     """States offloaded to host memory (fsdp.cpuOffload on GPU)."""
     budget: int | None
     """The device's memory (GPU memory, or the pod's memory on CPU); None when the spec does not say."""
+    trainable_parameters: int = 0
+    """Parameters with gradients and optimizer state: all, or with spec.model.lora the adapters'."""
 
     @property
     def fits(self) -> bool | None:
@@ -338,15 +375,26 @@ class _Costs:
 
     def states(self) -> tuple[int, int, int, int, int]:
         """weights, gradients, optimizer, reference (sharded) and FSDP's gathered units (world size > 1)."""
-        world, params = self.spec.learner.replicas, self.shape.parameters
-        weights, gradients, optimizer = (math.ceil(params * b / world) for b in (4, 4, 8))
-        reference = math.ceil(params * 4 / world) if self.spec.algorithm.kl_coef > 0 else 0
+        world, params, trained = self.spec.learner.replicas, self.shape.parameters, self.trainable_parameters
+        lora = self.spec.model.lora is not None
+        weights = math.ceil((params + (trained if lora else 0)) * 4 / world)
+        gradients, optimizer = (math.ceil(trained * b / world) for b in (4, 8))
+        # with LoRA the reference is the frozen base itself (adapters disabled): no copy
+        reference = math.ceil(params * 4 / world) if self.spec.algorithm.kl_coef > 0 and not lora else 0
         gathered = 0
         if world > 1:
             # the root unit and two blocks (one computing, one prefetched), their gradients until reduced
             root, block = self.shape.root_parameters, self.shape.block_parameters
             gathered = (2 * root + 3 * block) * self.compute_bytes
+            if lora:  # frozen units have no gradients: only the adapters' (a block's share of them)
+                gathered = (root + 2 * block + 3 * trained // self.shape.layers) * self.compute_bytes
         return weights, gradients, optimizer, reference, gathered
+
+    @property
+    def trainable_parameters(self) -> int:
+        """Parameters with gradients and optimizer state: all of them, or with LoRA the adapters'."""
+        lora = self.spec.model.lora
+        return self.shape.parameters if lora is None else lora_parameters(self.shape, lora)
 
     def resident(self) -> int:
         weights, gradients, optimizer, reference, gathered = self.states()
@@ -445,6 +493,7 @@ def plan_learner(spec: RLJobSpec, shape: ModelShape, gpu_memory: int = DEFAULT_G
         peak=costs.step(tokens, chunk),
         host=weights + gradients + optimizer + reference if offloaded else 0,
         budget=budget,
+        trainable_parameters=costs.trainable_parameters,
     )
 
 
