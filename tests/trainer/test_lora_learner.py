@@ -121,3 +121,15 @@ def test_a_checkpoint_of_the_adapters_resumes_exactly(tiny, tmp_path):
     # the frozen base is not in the checkpoint: it is the model folder's
     stored = sum(int(meta["size"]) for meta in store.newest().files.values())
     assert stored < (tiny / "model.safetensors").stat().st_size / 2
+
+
+def test_ppo_s_value_head_trains_in_full_and_is_never_sent(tiny):
+    torch.manual_seed(0)
+    model = load_policy(str(tiny), FsdpSpec(activation_checkpointing=False), CPU, value_head=True, lora=LORA)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    heads = {n for n in trained if "value_head" in n}
+    assert heads and all("lora_" in n for n in trained - heads)
+    sent = {}
+    for bucket in policy_buckets(model):
+        sent.update(load(bucket))
+    assert sent.keys() == adapter_tensor_shapes(tiny, LORA).keys()

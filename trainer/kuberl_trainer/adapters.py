@@ -11,18 +11,14 @@ import torch.distributed as dist
 
 from kuberl.api.spec import LoraSpec
 from kuberl.modeling.lora import peft_config
-from kuberl_trainer.value_head import VALUE_HEAD, has_value_head
 
 
 def with_adapters(model, lora: LoraSpec):
     """`model` wrapped with fresh adapters (lora_B zero: the policy is still the base model); only the adapters
-    and a value head, when there is one, require grad."""
+    require grad. A value head is attached after, to the wrapped model: it trains in full and is never sent."""
     from peft import get_peft_model
 
-    wrapped = get_peft_model(model, peft_config(lora))
-    if has_value_head(model):
-        getattr(model, VALUE_HEAD).requires_grad_(True)  # PPO's critic trains in full; PEFT froze it
-    return wrapped
+    return get_peft_model(model, peft_config(lora))
 
 
 def has_adapters(model) -> bool:

@@ -29,8 +29,9 @@ def load_policy(
     check_model_folder(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.config.use_cache = False
+    policy = with_adapters(model, lora) if lora is not None and trainable else model
     if value_head:
-        attach_value_head(model)
+        attach_value_head(model)  # after the adapters: "all-linear" would adapt the value head too
     if not trainable:
         model.requires_grad_(False)
         model.eval()
@@ -41,7 +42,6 @@ def load_policy(
         # dropout, which the rollout engine never applies; the Llama-family configs served here have none.
         model.train()
     model.to(device)
-    policy = with_adapters(model, lora) if lora is not None and trainable else model
     if not dist.is_initialized():
         return policy
     _shard(base_of(policy), fsdp, device, value_head)
