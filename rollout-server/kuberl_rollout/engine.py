@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kuberl.api.spec import EngineSpec
+from kuberl.api.spec import EngineSpec, LoraSpec
+from kuberl_rollout.adapters import Adapter, AdapterSet, lora_engine_arguments
+from kuberl_rollout.weights import WeightError, staging_folder
 
 log = logging.getLogger("kuberl.rollout")
 WORKER_EXTENSION = "kuberl_rollout.worker_extension.WeightUpdateExtension"
@@ -42,6 +44,10 @@ class EngineConfig:
     dtype: str = "float32"
     max_model_len: int = 4096
     seed: int = 0
+    lora: LoraSpec | None = None
+    """spec.model.lora: each policy version is an adapter on these base weights (None: full weights)."""
+    max_staleness: int = 0
+    """How many versions behind the newest a request may still sample with (0 in sync mode)."""
 
 
 def engine_arguments(config: EngineConfig) -> dict:
@@ -65,6 +71,7 @@ def engine_arguments(config: EngineConfig) -> dict:
         "enforce_eager": True,
         "logprobs_mode": "processed_logprobs",
         **chunking,
+        **(lora_engine_arguments(config.lora, config.max_staleness) if config.lora else {}),
     }
 
 
@@ -80,6 +87,9 @@ class RolloutEngine:
         self._llm = None
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
+        self.adapters: AdapterSet | None = None
+        self._retiring: set[asyncio.Task] = set()
+        """With LoRA: the adapter of each version still in use (the weights are the base model's)."""
 
     async def start(self) -> None:
         """Build the engine (tens of seconds on CPU)."""
@@ -95,6 +105,10 @@ class RolloutEngine:
             **engine_arguments(self.config), worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True
         )
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_recorder(self)])
+        if self.config.lora is not None:
+            keep = self.config.max_staleness + 1
+            root = staging_folder("kuberl-adapters-")
+            self.adapters = AdapterSet(self.config.lora, self.config.model_path, keep, root)
         await self._llm.update_weight_version(str(self.version))
 
     @property
@@ -123,7 +137,6 @@ class RolloutEngine:
         min_tokens: int = 0,
     ) -> Generation:
         """Sample a continuation of `prompt_ids`; ids in, ids out, nothing decoded."""
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         params = SamplingParams(
@@ -137,22 +150,39 @@ class RolloutEngine:
             min_tokens=min_tokens,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        version = self.version
+        if self.adapters is None:
+            return await self._sample(prompt_ids, params, None)
+        try:
+            with self.adapters.use() as adapter:
+                return await self._sample(prompt_ids, params, adapter)
+        finally:
+            self._retire_soon()  # this request may have been the last user of an old version
+
+    async def _sample(self, prompt_ids: list[int], params, adapter: Adapter | None) -> Generation:
+        """One request on the full weights served now, or on `adapter` (its version for every token: a request
+        keeps its adapter however many versions arrive meanwhile)."""
+        from vllm.inputs import TokensPrompt
+
+        version = self.version if adapter is None else adapter.version
         prompt = TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=f"policy-{version}")
+        lora = None if adapter is None else adapter.request
         final = None
-        async for output in self.llm.generate(prompt, params, request_id=f"g{next(self._ids)}"):
+        async for output in self.llm.generate(prompt, params, request_id=f"g{next(self._ids)}", lora_request=lora):
             final = output
         assert final is not None
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], ids, strict=True)]
-        return Generation(
-            ids, logprobs, _versions(completion.weight_versions, len(ids), version), completion.finish_reason
-        )
+        spans = completion.weight_versions if adapter is None else None
+        return Generation(ids, logprobs, _versions(spans, len(ids), version), completion.finish_reason)
 
     async def update_weights(self, files: list[Path], version: int, mode: UpdateMode = "wait") -> None:
         """Switch to the weights in staged safetensors files (the buckets of one update) as policy `version`,
-        atomically between steps. Only the paths cross to the engine's process; its worker reads the files."""
+        atomically between steps. Only the paths cross to the engine's process; its worker reads the files.
+        With LoRA the files hold version's adapter: it is registered beside the older ones, nothing pauses."""
+        if self.adapters is not None:
+            await self._add_adapter(files, version)
+            return
         await self._swap(version, mode, "load_weights_files", ([str(f) for f in files],))
 
     async def _swap(self, version: int, mode: UpdateMode, method: str, args: tuple) -> None:
@@ -166,6 +196,38 @@ class RolloutEngine:
                 self.version = version
             finally:
                 await self.llm.resume_generation()
+
+    async def _add_adapter(self, files: list[Path], version: int) -> None:
+        """Register `version`'s adapter (loaded now, not by its first request) and make it current for new
+        requests; requests in flight finish on theirs."""
+        adapters = self.adapters
+        assert adapters is not None
+        async with self._update_lock:
+            adapter = await asyncio.to_thread(adapters.write, version, files)
+            try:
+                await self.llm.add_lora(adapter.request)
+            except Exception as err:
+                adapters.delete(adapter)
+                raise WeightError(f"version {version}: vLLM refused the adapter ({err})") from None
+            adapters.publish(adapter)
+            self.version = version
+        await self.retire_adapters()
+
+    async def retire_adapters(self) -> None:
+        """Unload the adapters no request needs any more (older than the kept versions) and delete their folders."""
+        if self.adapters is None or self._llm is None:
+            return
+        for adapter in self.adapters.retire():
+            try:
+                await self.llm.remove_lora(adapter.lora_id)
+            finally:
+                self.adapters.delete(adapter)
+
+    def _retire_soon(self) -> None:
+        if self.adapters is not None and self._llm is not None:
+            task = asyncio.ensure_future(self.retire_adapters())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     def shutdown(self) -> None:
         if self._llm is not None:

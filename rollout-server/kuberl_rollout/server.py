@@ -12,7 +12,7 @@ from kuberl.agents import resolve_agent
 from kuberl.api import env_vars
 from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import SWE_BENCH, openenv_class
+from kuberl.api.spec import SWE_BENCH, LoraSpec, TrainingMode, openenv_class
 from kuberl.api.types import parse_duration
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import REPOSITORY_SYSTEM_PROMPT, SWE_SYSTEM_PROMPT
@@ -131,6 +131,25 @@ def sandbox_pools(settings: RolloutSettings, metrics: RolloutMetrics) -> Sandbox
     )
 
 
+def engine_config(job: RLJob, model_path: str) -> EngineConfig:
+    """The engine of a job: its model, engine options and, with spec.model.lora, room for the adapters of every
+    version a request may still sample with (maxStaleness behind the newest in async mode, none in sync)."""
+    spec = job.spec
+    dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
+    max_len = spec.rollout.engine.max_model_len or spec.model.max_context_tokens
+    staleness = spec.training.max_staleness if spec.training.mode == TrainingMode.ASYNC else 0
+    return EngineConfig(model_path, spec.rollout.engine, dtype, max_len, spec.training.seed, spec.model.lora, staleness)
+
+
+def policy_tensors(lora: LoraSpec | None, model_path: str) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of what a weight update carries: the adapter tensors with LoRA, else every model weight."""
+    if lora is None:
+        return expected_tensors(model_path)
+    from kuberl.modeling.lora import adapter_tensor_shapes
+
+    return adapter_tensor_shapes(model_path, lora)
+
+
 def build_app(settings: RolloutSettings) -> FastAPI:
     spec = settings.job.spec
     # before the model copy and engine: a bad reward or task file fails at once
@@ -142,9 +161,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
     world = episode_world(settings, rewards, metrics)
     model_path = settings.model_path or str(local_copy(spec.model.uri))
     check_model_folder(model_path)  # a clear error now, not vLLM's traceback later
-    dtype = "float32" if spec.model.dtype == "auto" else str(spec.model.dtype)
     max_len = spec.rollout.engine.max_model_len or spec.model.max_context_tokens
-    engine = RolloutEngine(EngineConfig(model_path, spec.rollout.engine, dtype, max_len, spec.training.seed))
+    engine = RolloutEngine(engine_config(settings.job, model_path))
 
     async def build_state() -> RolloutState:
         from transformers import AutoTokenizer
@@ -170,7 +188,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             )
         partial = spec.rollout.partial_rollouts
         mode = "keep" if partial else "wait"
-        assembler = BucketAssembler(expected_tensors(model_path))
+        assembler = BucketAssembler(policy_tensors(spec.model.lora, model_path))
         drain = spec.rollout.update_drain_timeout
         return RolloutState(
             service,

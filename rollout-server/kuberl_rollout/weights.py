@@ -95,11 +95,11 @@ def file_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return safetensors_header(head, total)
 
 
-def staging_folder() -> Path:
+def staging_folder(prefix: str = "kuberl-weights-") -> Path:
     """A private folder for staged buckets: in shared memory where there is one (rollout pods mount /dev/shm
     as a memory emptyDir), else the temporary folder; removed when the process ends."""
     memory = SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK)
-    return Path(tempfile.mkdtemp(prefix="kuberl-weights-", dir=SHARED_MEMORY if memory else None))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=SHARED_MEMORY if memory else None))
 
 
 @dataclass
