@@ -1,5 +1,5 @@
-"""LoRA under FSDP2 on 2 CPU processes (gloo, under torchrun) trains exactly like 1 process, and the adapters
-gathered from the shards for sending are the 1-process ones."""
+"""LoRA under FSDP2 on 2 CPU processes (gloo, under torchrun) trains exactly like 1 process, the adapters
+gathered from the shards for sending are the 1-process ones, and a sharded checkpoint resumes exactly."""
 
 from __future__ import annotations
 
@@ -48,3 +48,9 @@ def test_the_adapters_gathered_from_the_shards_are_the_one_rank_ones(runs):
     one, two = load_file(folder / "adapters1.safetensors"), load_file(folder / "adapters2.safetensors")
     assert {n: tuple(t.shape) for n, t in two.items()} == adapter_tensor_shapes(model, LoraSpec(rank=4, alpha=8))
     assert all(torch.allclose(one[k], two[k], atol=5e-5) for k in one)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_sharded_checkpoint_of_the_adapters_resumes_exactly(runs, world):
+    result = runs[1 + world]
+    assert result["resumed"] == pytest.approx(result["losses"][1:], abs=1e-6)
