@@ -87,6 +87,8 @@ def complete(client: TestClient, max_tokens: int = 12) -> dict:
 @pytest.mark.slow
 def test_an_adapter_upload_becomes_the_current_version_and_changes_what_is_sampled(server):
     client, engine, model = server
+    lora = engine.llm.vllm_config.lora_config  # the engine runs with LoRA: rank 8, maxStaleness 1 -> 3 slots
+    assert (lora.max_lora_rank, lora.max_loras, lora.max_cpu_loras) == (8, 3, 3)
     base = complete(client)
     assert set(base["policy_versions"]) == {0} and engine.adapters.registered == []
     receipt = upload(client, 1, adapter(model, 1))
