@@ -88,8 +88,8 @@ class RolloutEngine:
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
         self.adapters: AdapterSet | None = None
-        self._retiring: set[asyncio.Task] = set()
         """With LoRA: the adapter of each version still in use (the weights are the base model's)."""
+        self._retiring: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         """Build the engine (tens of seconds on CPU)."""
@@ -208,6 +208,8 @@ class RolloutEngine:
                 await self.llm.add_lora(adapter.request)
             except Exception as err:
                 adapters.delete(adapter)
+                if self.dead:  # not the adapter's fault: the server is being replaced
+                    raise
                 raise WeightError(f"version {version}: vLLM refused the adapter ({err})") from None
             adapters.publish(adapter)
             self.version = version
