@@ -18,7 +18,8 @@ from kuberl_trainer.adapters import trainable_parameters
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from kuberl_trainer.checkpoints.writer import Checkpointer, TrainingState
-from kuberl_trainer.export import export_policy, merge_adapter, policy_buckets
+from kuberl_trainer.export import export_policy, policy_buckets
+from kuberl_trainer.export import main as export_main
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import predict, train_step
 
@@ -89,18 +90,20 @@ def test_the_export_is_a_peft_folder_and_merges_into_the_same_model(tiny, tmp_pa
     batch = global_batch(model.config.vocab_size)
     for _ in range(3):
         step(model, optimizer, batch)
-    folder = export_policy(model, tiny, tmp_path / "policy", lora=LORA)
+    folder = export_policy(model, tiny, tmp_path / "policy", lora=LORA, merged=True)
     assert (folder / ADAPTER_CONFIG).is_file() and not (folder / "model.safetensors").exists()
     assert load_file(folder / ADAPTER_WEIGHTS).keys() == adapter_tensor_shapes(tiny, LORA).keys()
     with torch.no_grad():
         expected = model(input_ids=batch.input_ids).logits
         base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
         loaded = PeftModel.from_pretrained(base, folder)(input_ids=batch.input_ids).logits
-        merged = AutoModelForCausalLM.from_pretrained(merge_adapter(folder, tiny, tmp_path / "merged"))
-        merged_logits = merged(input_ids=batch.input_ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(folder / "merged")(input_ids=batch.input_ids).logits
+        export_main([str(folder), str(tiny), str(tmp_path / "by_hand")])  # python -m kuberl_trainer.export
+        by_hand = AutoModelForCausalLM.from_pretrained(tmp_path / "by_hand")(input_ids=batch.input_ids).logits
     assert torch.allclose(loaded, expected, atol=1e-6)
-    assert torch.allclose(merged_logits, expected, atol=1e-5)
-    assert (tmp_path / "merged" / "tokenizer.json").is_file()
+    assert torch.allclose(merged, expected, atol=1e-5)
+    assert (folder / "merged" / "tokenizer.json").is_file() and (folder / "merged" / "config.json").is_file()
+    assert torch.equal(by_hand, merged)
 
 
 def test_a_checkpoint_of_the_adapters_resumes_exactly(tiny, tmp_path):

@@ -38,11 +38,17 @@ def served_tensors(model) -> dict[str, torch.Tensor]:
 
 
 def export_policy(
-    model, source_model_dir: str | Path, target: str | Path, rank: int = 0, lora: LoraSpec | None = None
+    model,
+    source_model_dir: str | Path,
+    target: str | Path,
+    rank: int = 0,
+    lora: LoraSpec | None = None,
+    merged: bool = False,
 ) -> Path | None:
     """Gather the full state dict (every rank must call this) and, on rank 0, write a Hugging Face folder:
     `model.safetensors`, the config and the tokenizer of `source_model_dir`; with adapters (`lora`, the job's
-    spec.model.lora) a PEFT adapter folder on that base instead. Returns the folder on rank 0."""
+    spec.model.lora) a PEFT adapter folder on that base instead, and with `merged` also the merged model in
+    `target/merged`. Returns the folder on rank 0."""
     from safetensors.torch import save_file
 
     tensors = served_tensors(model)
@@ -57,12 +63,17 @@ def export_policy(
         config = adapter_config_json(lora, str(source_model_dir))
         (target / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
         _copy_tokenizer(source_model_dir, target)
+        if merged:
+            merge_adapter(target, source_model_dir, target / MERGED_DIR)
         return target
     save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
     for item in Path(source_model_dir).iterdir():
         if item.suffix != ".safetensors" and item.name != "model.safetensors.index.json" and item.is_file():
             shutil.copy2(item, target / item.name)
     return target
+
+
+MERGED_DIR = "merged"
 
 
 def merge_adapter(adapter_dir: str | Path, base_model_dir: str | Path, target: str | Path) -> Path:
