@@ -41,6 +41,8 @@ def load_policy(
         # without this, activationCheckpointing: true recomputed nothing. Training mode would also switch on
         # dropout, which the rollout engine never applies; the Llama-family configs served here have none.
         model.train()
+    if lora is not None and lora.dropout and trainable:
+        model.train()  # the adapters' dropout acts in training mode only, with or without checkpointing
     model.to(device)
     if not dist.is_initialized():
         return policy
