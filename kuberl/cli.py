@@ -494,10 +494,15 @@ def _job_to_run(job_file: str, model_path: str | None):
 
 def _model_to_run(job, model_path: str | None) -> str:
     """The local model folder a job runs: `--model`, else a local copy of spec.model.uri."""
+    from pathlib import Path
+
+    from kuberl.modeling.lora import ADAPTER_CONFIG
     from kuberl.storage import LocalCopyError, check_model_folder, local_copy
 
     try:
         model = model_path or str(local_copy(job.spec.model.uri))
+        if model_path is not None and (Path(model_path) / ADAPTER_CONFIG).is_file():
+            model = _merged_adapter(model_path, str(local_copy(job.spec.model.uri)))
     except LocalCopyError as err:
         hint = "the demo's tiny model: `kuberl build-tiny-model PATH`; or give --model"
         raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
@@ -506,6 +511,20 @@ def _model_to_run(job, model_path: str | None) -> str:
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     return model
+
+
+def _merged_adapter(adapter_dir: str, base_dir: str) -> str:
+    """A LoRA policy (a PEFT adapter folder, what a job with spec.model.lora exports) as a full model folder to
+    serve: the base with the adapters merged in float32, written once beside them (ADAPTER_DIR/merged)."""
+    from pathlib import Path
+
+    from kuberl_trainer.export import MERGED_DIR, merge_adapter
+
+    merged = Path(adapter_dir) / MERGED_DIR
+    if not (merged / "config.json").is_file():
+        click.echo(f"merging the adapters of {adapter_dir} into {base_dir} (float32): {merged}")
+        merge_adapter(adapter_dir, base_dir, merged)
+    return str(merged)
 
 
 CREDIT_PROBE_TASKS = 30

@@ -136,3 +136,29 @@ def test_ppo_s_value_head_trains_in_full_and_is_never_sent(tiny):
     for bucket in policy_buckets(model):
         sent.update(load(bucket))
     assert sent.keys() == adapter_tensor_shapes(tiny, LORA).keys()
+
+
+def test_a_lora_policy_is_served_merged_by_the_commands_that_take_a_model_folder(tiny, tmp_path):
+    """`kuberl evaluate JOB --model ADAPTER_DIR` (and the credit probes) serve a full folder: the adapters merged."""
+    from kuberl.api.rljob import RLJob
+    from kuberl.cli import _model_to_run
+
+    model, optimizer = policy(tiny)
+    batch = global_batch(model.config.vocab_size)
+    step(model, optimizer, batch)
+    folder = export_policy(model, tiny, tmp_path / "policy", lora=LORA)
+    job = RLJob.from_manifest(
+        {
+            "apiVersion": "kuberl.io/v1alpha1",
+            "kind": "RLJob",
+            "metadata": {"name": "lora"},
+            "spec": {"model": {"uri": str(tiny), "lora": {"rank": 4, "alpha": 8}}},
+        }
+    )
+    served = _model_to_run(job, str(folder))
+    assert served == str(folder / "merged")
+    with torch.no_grad():
+        expected = model(input_ids=batch.input_ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(served)(input_ids=batch.input_ids).logits
+    assert torch.allclose(merged, expected, atol=1e-5)
+    assert _model_to_run(job, str(folder)) == served  # merged once
