@@ -192,9 +192,8 @@ def _render_pool_images(job: RLJob, tasks_file: str) -> list[str]:
     "--tasks",
     "tasks_file",
     default=None,
-    help="A task file of the job's environment (JSONL tasks, or SWE-bench-format instances for swe-bench): "
-    "also print the sandbox pool of each environment image its tasks name, at zero pods (the operator warms "
-    "them at run time).",
+    help=TASKS_HELP + " With it, the sandbox pool of each environment image its tasks name is printed too, at "
+    "zero pods (the operator warms them at run time).",
 )
 def render(job_file: str, namespace: str | None, uid: str | None, tasks_file: str | None) -> None:
     """Print every object the operator creates for the RLJob in JOB.yaml as a YAML stream, like `helm template`.
