@@ -300,6 +300,30 @@ GOALS: tuple[Goal, ...] = (
         "higher",
         "",
     ),
+    Goal(
+        "LoRA weight update ÷ full weights, SmolLM2-135M (rank 16, all-linear; serialise, upload, load)",
+        lambda r: dig(r, "lora_weight_sync.lora_over_full.update_seconds_ratio"),
+        0.05,
+        "lower",
+    ),
+    Goal(
+        "LoRA bytes per weight update ÷ full weights, SmolLM2-135M",
+        lambda r: dig(r, "lora_weight_sync.lora_over_full.update_bytes_ratio"),
+        None,
+        "lower",
+    ),
+    Goal(
+        "LoRA learner peak memory ÷ full fine-tuning, SmolLM2-135M, one train step",
+        lambda r: dig(r, "lora_weight_sync.lora_over_full.learner_peak_memory_ratio"),
+        None,
+        "lower",
+    ),
+    Goal(
+        "LoRA learner steps per hour ÷ full fine-tuning, SmolLM2-135M",
+        lambda r: dig(r, "lora_weight_sync.lora_over_full.learner_steps_per_hour_ratio"),
+        None,
+        "higher",
+    ),
 )
 
 
