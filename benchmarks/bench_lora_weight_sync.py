@@ -1,11 +1,11 @@
 """LoRA against full weights on SmolLM2-135M-Instruct (when `make bench` installed it), side by side in one run.
 
-1. Weight update: the learner serialises its policy to buckets (`policy_buckets`: every weight in full, only the
-   rank-16 all-linear adapters with LoRA), PUTs them (`HttpBuckets`) to the rollout server's weight routes over
-   loopback HTTP, and the server stages them and loads them into its vLLM engine (in place for full weights, a new
-   LoRA adapter with LoRA). Seconds of each part, bytes per update; the goal: adapter update / full <= 0.05.
-   The routes run in this process (uvicorn, the job token) with the service's policy switch reduced to the swap
-   itself: no episodes are in flight, so the real switch would not wait either.
+1. Weight update: a learner process serialises its float32 policy to buckets (`policy_buckets`: every weight in
+   full, only the rank-16 all-linear adapters with LoRA) and PUTs them (`HttpBuckets`) to the rollout server's
+   weight routes over loopback HTTP; the server stages them and loads them into its vLLM engine (in place for full
+   weights, a new LoRA adapter with LoRA). Seconds of each part, bytes per update; the goal: adapter update / full
+   <= 0.05. The routes run in this process (uvicorn, the job token) with the service's policy switch reduced to
+   the swap itself: no episodes are in flight, so the real switch would not wait either.
 2. Learner: peak resident memory (VmHWM) and seconds per RL train step (`train_step`, the same batch of random
    tokens) with and without LoRA, each in a fresh process; steps per hour from the timed steps after a warm-up.
 """
