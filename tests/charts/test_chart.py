@@ -17,7 +17,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import BIN, EXAMPLES, REPO
+from conftest import BIN, EXAMPLES, REPO, tool
 
 from kuberl.api.rljob import RLJob
 from kuberl.crd import GROUP, PLURAL
@@ -653,8 +653,8 @@ def test_the_prometheus_rule_is_files_alerts_yaml(all_on, tmp_path):
     rule = one(all_on, "PrometheusRule")
     assert rule["spec"]["groups"] == alerts["groups"]
     # promtool checks the file, and the groups as the chart renders them
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: run `make install` (it installs Debian's prometheus)"
+    promtool = tool("promtool")
+    assert shutil.which(promtool), "promtool is missing: run `make install` (it installs Debian's prometheus)"
     rendered = tmp_path / "rendered-rules.yaml"
     rendered.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     for path in (CHART / "files" / "alerts.yaml", rendered):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from conftest import tool
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "metrics.md"
@@ -142,7 +143,7 @@ def exported() -> dict[str, Metric]:
 
 def promtool_check_metrics(text: str) -> str:
     """`promtool check metrics` on a /metrics text: its complaints ('' when there are none)."""
-    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    result = subprocess.run([tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True)
     return (result.stdout + result.stderr).strip() if result.returncode else ""
 
 
