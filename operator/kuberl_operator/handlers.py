@@ -185,6 +185,7 @@ def observe(
             config.autoscale_interval_s,
             config.sandbox_security,
             config.job_images,
+            status,
         )
         if scaled is not None:
             pools = {"sandbox_replicas": scaled.sandbox_replicas, "sandbox_pools": scaled.sandbox_pools}

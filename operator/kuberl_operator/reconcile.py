@@ -66,6 +66,7 @@ class Memory:
     start_latency: StartLatency = field(default_factory=StartLatency)
     autoscaled_at: float | None = None  # time.monotonic() of the last autoscaling decision
     pools: PoolsMemory = field(default_factory=PoolsMemory)  # the per-image pools' planner and failures
+    pools_parked: bool = False  # the image pools were taken to zero since the job stopped being live
 
 
 def post_event(kube: Kube, body: dict[str, Any], event: Event, now: datetime) -> None:
@@ -277,14 +278,22 @@ def autoscale_sandbox(
     interval_s: float,
     security: SandboxPodSecurity | None = None,
     images: JobImages | None = None,
+    status: RLJobStatus | None = None,
 ) -> RLJobStatus | None:
     """Every `interval_s` seconds (of `clock`) for a live job: the rollout tier's demand -> the default pool's
     replicas (kuberl_operator.autoscale.recommend, when the operator scales it) and each image's pool
     (pool_reconcile) -> status.sandboxReplicas and status.sandboxPools. Returns the status written (None when
-    nothing was decided)."""
-    status, job = current_status(body), parse_job(body)
+    nothing was decided). `status`: the job's status as this pass left it (`drive` may have just stopped the
+    job, which `body` does not show yet); unset: body's."""
+    status, job = status or current_status(body), parse_job(body)
     if status.phase not in _LIVE_PHASES:
+        if memory.pools.images and not memory.pools_parked:
+            # a pass that read the job while it was still live may have scaled a pool after the stop took
+            # them to zero (the timer and the stop run apart): the first pass that sees it stopped parks them
+            scale_pools_to_zero(kube, job, body["metadata"]["namespace"])
+            memory.pools_parked = True
         return None
+    memory.pools_parked = False
     if memory.autoscaled_at is not None and clock - memory.autoscaled_at < interval_s:
         return None
     memory.autoscaled_at = clock
