@@ -23,6 +23,7 @@ def test_the_summary_divides_each_lora_measure_by_the_full_weights_one():
         "update_bytes_ratio": 0.04,
         "learner_peak_memory_ratio": 0.8,
         "learner_steps_per_hour_ratio": 1.5,
+        "learner_cpu_seconds_per_step_ratio": 0.0,  # not measured
     }
     assert bench.ratio(1.0, 0.0) == 0.0  # nothing measured to compare with
 
