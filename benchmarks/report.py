@@ -324,6 +324,12 @@ GOALS: tuple[Goal, ...] = (
         None,
         "higher",
     ),
+    Goal(
+        "LoRA learner CPU seconds per step ÷ full fine-tuning, SmolLM2-135M",
+        lambda r: dig(r, "lora_weight_sync.lora_over_full.learner_cpu_seconds_per_step_ratio"),
+        None,
+        "lower",
+    ),
 )
 
 
