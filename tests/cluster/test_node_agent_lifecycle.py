@@ -21,8 +21,8 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 IMAGE = "ghcr.io/kuberl/sandbox:0.1.0"  # the checkout stands in for it
 MISSING = "registry.example/kuberl-test/no-such-image:1"
 BUSYBOX = "registry.example/kuberl-test/busybox:1"  # mapped to a small image in local containers storage
-# serves the folder /work (an emptyDir the init containers filled) on port 8080
-SERVE = "import functools, http.server as h; h.ThreadingHTTPServer(('0.0.0.0', 8080), functools.partial(h.SimpleHTTPRequestHandler, directory='/work')).serve_forever()"  # noqa: E501
+# serves the folder /data (an emptyDir the init containers filled) on port 8080
+SERVE = "import functools, http.server as h; h.ThreadingHTTPServer(('0.0.0.0', 8080), functools.partial(h.SimpleHTTPRequestHandler, directory='/data')).serve_forever()"  # noqa: E501
 
 
 def python(name: str, code: str, image: str = IMAGE, **extra: Any) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def python(name: str, code: str, image: str = IMAGE, **extra: Any) -> dict[str, 
 
 
 def pod(name: str, containers: list[dict], init: list[dict] | None = None, **spec: Any) -> dict[str, Any]:
-    volumes = [{"name": "work", "emptyDir": {}}, {"name": "shared", "emptyDir": {}}]
+    volumes = [{"name": "data", "emptyDir": {}}, {"name": "shared", "emptyDir": {}}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -120,16 +120,16 @@ def test_a_restarting_container_keeps_its_last_termination_and_message():
 @pytest.mark.skipif(node_unavailable() is not None, reason=str(node_unavailable()))
 def test_init_containers_run_in_order_to_completion_and_share_the_pods_volumes(node):
     api, _ = node
-    first = python("first", "open('/work/index.html', 'w').write('first')", volumeMounts=mounts("work"))
+    first = python("first", "open('/data/index.html', 'w').write('first')", volumeMounts=mounts("data"))
     second = python(
         "second",
         "import pathlib\n"
-        "w = pathlib.Path('/work/index.html'); w.write_text(w.read_text() + ',second')\n"
+        "w = pathlib.Path('/data/index.html'); w.write_text(w.read_text() + ',second')\n"
         "try: open('/shared/x', 'w')\n"
-        "except OSError as e: pathlib.Path('/work/readonly').write_text(type(e).__name__)",
-        volumeMounts=mounts("work", "shared", read_only=("shared",)),
+        "except OSError as e: pathlib.Path('/data/readonly').write_text(type(e).__name__)",
+        volumeMounts=mounts("data", "shared", read_only=("shared",)),
     )
-    main = python("main", SERVE, volumeMounts=mounts("work"))
+    main = python("main", SERVE, volumeMounts=mounts("data"))
     main["readinessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
     api.post(PODS, pod("inits", [main], init=[first, second]))
     wait_for("inits ready", lambda: ready(api, "inits"), 90)
@@ -211,7 +211,7 @@ def test_a_containers_termination_message_is_in_its_status(node):
     terminated = pod_status(api, "message-once")["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["message"]) == (1, "tests failed: 3")
 
-    custom = python("main", write.replace("/dev/termination-log", "/work/why"), terminationMessagePath="/work/why")
+    custom = python("main", write.replace("/dev/termination-log", "/data/why"), terminationMessagePath="/data/why")
     custom["volumeMounts"] = mounts("shared")
     logs = python(
         "logs", "print('the last words'); raise SystemExit(4)", terminationMessagePolicy="FallbackToLogsOnError"
@@ -243,7 +243,7 @@ def test_a_container_from_an_image_runs_what_an_init_container_put_on_a_shared_v
         "name": "main",
         "image": BUSYBOX,
         "command": ["/bin/sh", "/kuberl/serve"],
-        "volumeMounts": [*mounts("kuberl", read_only=("kuberl",)), {"name": "work", "mountPath": "/tmp"}],
+        "volumeMounts": [*mounts("kuberl", read_only=("kuberl",)), {"name": "data", "mountPath": "/tmp"}],
         "readinessProbe": {"httpGet": {"path": "/index.html", "port": 8080}, "periodSeconds": 1},
     }
     spec = pod("bundled", [main], init=[copy])
