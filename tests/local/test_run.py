@@ -49,21 +49,28 @@ def metrics(run_dir) -> list[dict]:
 
 
 IN_FLIGHT = {
-    "rollout-0": ("kuberl_rollout_active_sessions", "kuberl_rollout_queued_trajectories"),
-    "sandbox-0": ("kuberl_sandbox_sessions_open",),
+    "rollout-0": (("rollout-0", ("kuberl_rollout_active_sessions", "kuberl_rollout_queued_trajectories")),),
+    # a sandbox session lives a fraction of a second in this job: the rollout's running episodes (each holding
+    # or opening its session) widen the window in which a kill finds the sandbox in use
+    "sandbox-0": (
+        ("sandbox-0", ("kuberl_sandbox_sessions_open",)),
+        ("rollout-0", ("kuberl_rollout_active_sessions",)),
+    ),
 }
-"""The gauges that say a server holds episodes: killed with none, it would have nothing to lose."""
+"""Where to look, and which gauges say a server holds episodes: killed with none, it would have nothing to lose."""
 
 
 def _holds_episodes(run_dir: Path, pod: str) -> bool:
     targets = json.loads((run_dir / "prometheus_targets.json").read_text())
-    address = next(t["targets"][0] for t in targets if t["labels"]["pod"] == pod)
-    try:
-        text = httpx.get(f"http://{address}/metrics", timeout=1).text
-    except httpx.HTTPError:
-        return False
-    gauges = IN_FLIGHT[pod]
-    return any(s.value > 0 for f in text_string_to_metric_families(text) if f.name in gauges for s in f.samples)
+    for source, gauges in IN_FLIGHT[pod]:
+        address = next(t["targets"][0] for t in targets if t["labels"]["pod"] == source)
+        try:
+            text = httpx.get(f"http://{address}/metrics", timeout=1).text
+        except httpx.HTTPError:
+            continue
+        if any(s.value > 0 for f in text_string_to_metric_families(text) if f.name in gauges for s in f.samples):
+            return True
+    return False
 
 
 def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
