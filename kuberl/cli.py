@@ -420,13 +420,16 @@ def run_command(
     model = _model_to_run(job, model_path)
     warm_up = None
     if job.spec.training.warmup.demonstrations:
-        from kuberl_rollout.sandbox_client import SandboxEnvironments
-        from kuberl_trainer.warmup import warm_up as warm_up_job
+        import subprocess
 
         def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
-            stats = warm_up_job(job, model_path, out, lambda: SandboxEnvironments(sandbox_url, token))
-            # beside the model: demonstrations, losses, the landing checks and their further rounds
-            (Path(out).parent / "warmup.json").write_text(json.dumps(stats, indent=1) + "\n")
+            # a child process of its own: the fine-tuning's peak memory (about 10 GB for a 135M model) goes
+            # back to the machine before the learner and the engines start
+            argv = [sys.executable, "-m", "kuberl.cli", "warm-up", job_file, "--model", model_path, "--out", out]
+            env = {**os.environ, env_vars.SANDBOX_TOKEN: token, env_vars.SANDBOX_URLS: sandbox_url}
+            code = subprocess.run(argv, env=env, check=False).returncode
+            if code != 0:
+                raise RunError(f"the warm-up failed (exit {code}); its output is above")
             return out
 
     solve_rate = None
@@ -693,6 +696,34 @@ def learner(
         metrics_port=metrics_port,
         job_started_at=started,
     )
+
+
+@main.command("warm-up")
+@click.argument("job_file", metavar="JOB.yaml")
+@click.option("--model", "model_path", required=True, help="The model folder to fine-tune.")
+@click.option("--out", required=True, help="Folder the warmed-up model is saved to (warmup.json beside it).")
+def warm_up_command(job_file: str, model_path: str, out: str) -> None:
+    """The supervised warm-up of spec.training.warmup: play demonstrations on a sandbox server (the first of
+    KUBERL_SANDBOX_URLS, token KUBERL_SANDBOX_TOKEN), fine-tune the model on them, save it to OUT. `kuberl run`
+    runs it before RL as a process of its own."""
+    import os
+    from pathlib import Path
+
+    from kuberl.validation import ManifestError, load_rljob
+    from kuberl_rollout.sandbox_client import SandboxEnvironments
+    from kuberl_trainer.warmup import warm_up
+
+    try:
+        job = load_rljob(job_file)
+        sandbox_url = os.environ[env_vars.SANDBOX_URLS].split(",")[0]
+        token = os.environ[env_vars.SANDBOX_TOKEN]
+    except ManifestError as err:
+        raise click.UsageError(str(err)) from None
+    except KeyError as err:
+        raise click.UsageError(f"{err.args[0]} is not set: the sandbox server the demonstrations play on") from None
+    stats = warm_up(job, model_path, out, lambda: SandboxEnvironments(sandbox_url, token))
+    # beside the model: demonstrations, losses, the landing checks and their further rounds
+    (Path(out).parent / "warmup.json").write_text(json.dumps(stats, indent=1) + "\n")
 
 
 def _refuse_unready_repositories(env) -> None:

@@ -38,3 +38,11 @@ def convert_smollm2(target: str | Path) -> Path:
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     return target
+
+
+if __name__ == "__main__":  # python -m kuberl.modeling.smollm TARGET: the folder examples/*smollm2* jobs load
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m kuberl.modeling.smollm TARGET_FOLDER")
+    print(convert_smollm2(sys.argv[1]))
