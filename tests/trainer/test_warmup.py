@@ -20,7 +20,8 @@ from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, ParseError, format_too
 from kuberl.suites import load_tasks
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironments
 from kuberl_trainer.demonstrations import Slip
-from kuberl_trainer.warmup import make_demonstrations, scripted_calls, warm_up
+from kuberl_trainer.scripted_episodes import scripted_calls
+from kuberl_trainer.warmup import make_demonstrations, warm_up
 
 
 def sandboxes(sandbox):

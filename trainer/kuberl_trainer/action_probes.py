@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kuberl.api.environment import Environment, Environments, Task, ToolCall
 from kuberl.modeling.chat import ChatFormat
 from kuberl_trainer.demonstrations import record_demonstration
-from kuberl_trainer.warmup import scripted_calls
+from kuberl_trainer.scripted_episodes import scripted_calls
 
 CHECK, EDIT = "check the error", "correct edit"
 

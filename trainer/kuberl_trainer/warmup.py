@@ -23,62 +23,12 @@ from kuberl.api.environment import Environments, Task, ToolCall
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import WrongEdit
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tool_calls import CLOSE, OPEN, SWE_SYSTEM_PROMPT, format_tool_call
+from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
 from kuberl.suites import environment_tasks
+from kuberl_trainer.action_probes import mean_probability, play_probes
 from kuberl_trainer.demonstrations import Demonstration, Slip, record_demonstration
+from kuberl_trainer.scripted_episodes import scripted_calls
 from kuberl_trainer.sft import supervised_fit
-
-
-def wrong_edits(task: Task) -> list[str]:
-    """The task's candidate replacements of its buggy text that are not the fix."""
-    meta = task.metadata
-    wrong = [c for c in meta.get("candidates", []) if c != meta.get("fix") and c != meta.get("buggy")]
-    if not wrong or "file" not in meta or "buggy" not in meta:
-        raise ValueError(f"task {task.task_id}: demonstrations need metadata file, buggy, fix and wrong candidates")
-    return wrong
-
-
-def scripted_calls(
-    task: Task,
-    rng: random.Random,
-    expert: bool = False,
-    recover: bool = False,
-    wrong: WrongEdit = WrongEdit.CANDIDATE,
-) -> list[ToolCall | Slip]:
-    """One demonstration's calls: the swe-toy workflow with the fix (`expert`) or the wrong edit `wrong`
-    (the buggy text unchanged, or a random wrong candidate); with `recover`, a failed attempt at the edit
-    (a `Slip`) comes first."""
-    meta = task.metadata
-    if expert:
-        new = meta["fix"]
-    elif wrong == WrongEdit.UNCHANGED:
-        wrong_edits(task)  # the same metadata check: a task without a known bug cannot be demonstrated
-        new = meta["buggy"]
-    else:
-        new = rng.choice(wrong_edits(task))
-    edit = ToolCall(name="replace", arguments={"path": meta["file"], "old": meta["buggy"], "new": new})
-    # The failing assertion quotes both the expression the line has and the one it should use, so the edit
-    # follows the test output directly. Reading the file first (as before) made every episode about 300
-    # tokens longer, put the test output that far from the edit, and cost a turn.
-    calls: list[ToolCall | Slip] = [
-        ToolCall(name="run_tests", arguments={}),  # first, so the failure message is in context for the edit
-        edit,
-        ToolCall(name="run_tests", arguments={}),
-        ToolCall(name="submit", arguments={}),
-    ]
-    if recover:
-        calls.insert(1, slipped_edit(edit, meta["fix"], rng))
-    return calls
-
-
-def slipped_edit(edit: ToolCall, fix: str, rng: random.Random) -> Slip:
-    """The two slips seen most when a warmed-up policy samples its edit at temperature 1: the call cut off
-    before its closing tag (a parse error), or `old` set to the expression the test names, which is not in
-    the file (the sandbox's error)."""
-    if rng.random() < 0.5:
-        text = format_tool_call(edit)
-        return Slip(text[: rng.randrange(len(OPEN) + 1, len(text) - len(CLOSE))])
-    return Slip(format_tool_call(ToolCall(name="replace", arguments={**edit.arguments, "old": fix})))
 
 
 async def make_demonstrations(
@@ -237,9 +187,6 @@ def land(
     place. Returns {correct_edit (per check), extra_rounds, losses (of the further steps)}."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    # action_probes builds on this module's scripted workflow, so it is imported here, not at the top
-    from kuberl_trainer.action_probes import mean_probability, play_probes
 
     warmup = job.spec.training.warmup
     rule = warmup.landing
