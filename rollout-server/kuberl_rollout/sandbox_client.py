@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -42,9 +42,6 @@ from kuberl.api.sandbox_http import (
 from kuberl.rewards import EpisodeScorer
 from kuberl.tokens import bearer
 from kuberl_rollout.metrics import DEFAULT_IMAGE
-
-if TYPE_CHECKING:
-    from kuberl_rollout.sandbox_pools import SandboxPools
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +203,25 @@ class SandboxClient:
             self._endpoints.pop(session_id, None)
 
 
+class SessionPlacement(Protocol):
+    """Which servers an episode's session opens on (`kuberl_rollout.sandbox_pools.SandboxPools`, which builds
+    on this module's client: hence a protocol here rather than an import of it)."""
+
+    def image(self, task: Task) -> str:
+        """The pool `task`'s episodes run on, or DEFAULT_IMAGE for the job's own servers."""
+        ...
+
+    async def claim(
+        self, task: Task, image: str, command_timeout_s: float | None, since: float
+    ) -> tuple[SandboxClient, dict[str, Any]]:
+        """Open a session of `task` on `image`'s pool; the client it is on and the created session."""
+        ...
+
+    def opened(self, image: str, since: float) -> None:
+        """An episode's session opened (`since`: the episode's start on the perf_counter clock)."""
+        ...
+
+
 class SandboxEnvironment:
     """One agent episode in a sandbox session, scored by a reward function (the environment protocol)."""
 
@@ -218,7 +234,7 @@ class SandboxEnvironment:
         process_weight: float = 0.0,
         session_started: Callable[[float], None] | None = None,
         command_timeout_s: float | None = None,
-        pools: SandboxPools | None = None,
+        pools: SessionPlacement | None = None,
     ) -> None:
         self.client = client
         # per-image pools (the rollout server's, on a cluster): a task with an image opens its session there
