@@ -144,7 +144,7 @@ def warmed_up_model() -> Path:
     import shutil
 
     from kuberl.api.rljob import RLJob
-    from kuberl.cli import build_tiny_model_command
+    from kuberl_app.cli import build_tiny_model_command
     from kuberl_rollout.sandbox_client import SandboxEnvironments
     from kuberl_sandbox.local import local_sandbox
     from kuberl_trainer.warmup import warm_up
@@ -169,10 +169,10 @@ def run() -> dict[str, object]:
     import yaml
 
     from kuberl.api.rljob import RLJob
-    from kuberl.local.processes import parse_pinning
-    from kuberl.local.progress import ProgressPrinter
-    from kuberl.local.runner import run_job
     from kuberl.suites import environment_tasks
+    from kuberl_app.one_machine.processes import parse_pinning
+    from kuberl_app.one_machine.progress import ProgressPrinter
+    from kuberl_app.one_machine.runner import run_job
 
     cores = sorted(os.sched_getaffinity(0))
     pinning = (

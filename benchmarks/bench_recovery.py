@@ -19,8 +19,8 @@ def measure(work: Path, model: Path, rollouts: int) -> dict[str, float]:
     import yaml
 
     from kuberl.api.rljob import RLJob
-    from kuberl.local.progress import ProgressPrinter
-    from kuberl.local.runner import run_job
+    from kuberl_app.one_machine.progress import ProgressPrinter
+    from kuberl_app.one_machine.runner import run_job
 
     manifest = {
         "apiVersion": "kuberl.io/v1alpha1",

@@ -31,13 +31,13 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 from helpers.swe_repos import GIT_ENV, make_dataset  # noqa: E402 (a test helper: the hand-written dataset)
 
 from kuberl.api.swebench import SWEBenchInstance  # noqa: E402
-from kuberl.local.processes import MEMORY_SCRATCH  # noqa: E402
-from kuberl.local.task_check import sandbox_settings  # noqa: E402
 from kuberl.swebench import pytest_report  # noqa: E402
 from kuberl.swebench.environments import prepare, recipe_for  # noqa: E402
 from kuberl.swebench.instances import instance_task, load_instances  # noqa: E402
+from kuberl_app.one_machine.processes import MEMORY_SCRATCH  # noqa: E402
+from kuberl_app.one_machine.task_check import sandbox_settings  # noqa: E402
 from kuberl_sandbox.metrics import SandboxMetrics  # noqa: E402
-from kuberl_sandbox.sessions import SessionManager  # noqa: E402
+from kuberl_sandbox.session_manager import SessionManager  # noqa: E402
 
 BIG_PACKAGE = "sympy==1.13.3"
 STARTS = int(os.environ.get("KUBERL_BENCH_STARTS", "40"))

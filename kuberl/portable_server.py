@@ -42,7 +42,7 @@ def install_argv() -> list[str]:
 def server_argv(server_args: list[str]) -> list[str]:
     """The foreign container's command: the bundled server with these `kuberl sandbox` arguments."""
     # -s: no user site of the image's; the bundle's own paths come from server_env()
-    return [PYTHON, "-s", "-m", "kuberl.cli", "sandbox", *server_args]
+    return [PYTHON, "-s", "-m", "kuberl_app.cli", "sandbox", *server_args]
 
 
 def server_env() -> dict[str, str]:

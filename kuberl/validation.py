@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from kuberl.agents import resolve_agent
+from kuberl.agent_resolver import resolve_agent
 from kuberl.api.base import CROSS_FIELD_ERROR
 from kuberl.api.rljob import RLJob
 from kuberl.api.sandbox_images import ImageTemplateError, episode_image

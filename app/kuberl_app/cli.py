@@ -12,10 +12,10 @@ import click
 from kuberl import __version__
 from kuberl.api import env_vars
 from kuberl.crd import rljob_crd_yaml
-from kuberl.local.tasks_cli import tasks as tasks_group
 from kuberl.planning import fit_warnings
 from kuberl.reference import reference_markdown
 from kuberl.validation import validate_files
+from kuberl_app.tasks_command import tasks as tasks_group
 
 if TYPE_CHECKING:
     from kuberl.api.rljob import RLJob
@@ -152,7 +152,7 @@ def _print_plan(name: str, plan, shape) -> None:
 @click.option("--commands", is_flag=True, help="The Markdown command reference (docs/cli.md) instead of the CRD.")
 def crds(output: str | None, reference: bool, commands: bool) -> None:
     """Print the RLJob CustomResourceDefinition generated from the API models."""
-    from kuberl.cli_reference import cli_markdown
+    from kuberl_app.cli_reference import cli_markdown
 
     text = cli_markdown(main) if commands else reference_markdown() if reference else rljob_crd_yaml()
     if output:
@@ -292,7 +292,7 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
     from kuberl.api.types import parse_duration
     from kuberl_sandbox.api import create_app
     from kuberl_sandbox.execution import namespaces_available
-    from kuberl_sandbox.sessions import isolation_problem, report_start_failure
+    from kuberl_sandbox.session_manager import isolation_problem, report_start_failure
     from kuberl_sandbox.settings import SandboxSettings
     from kuberl_sandbox.uids import mapped_blocks
 
@@ -398,8 +398,8 @@ def run_command(
     from pathlib import Path
 
     from kuberl.api.types import parse_duration
-    from kuberl.local.processes import parse_pinning
-    from kuberl.local.runner import RunError, run_job
+    from kuberl_app.one_machine.processes import parse_pinning
+    from kuberl_app.one_machine.runner import RunError, run_job
     from kuberl_rollout.server import load_job_tasks, resolve_rewards
 
     try:
@@ -425,7 +425,7 @@ def run_command(
         def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
             # a child process of its own: the fine-tuning's peak memory (about 10 GB for a 135M model) goes
             # back to the machine before the learner and the engines start
-            argv = [sys.executable, "-m", "kuberl.cli", "warm-up", job_file, "--model", model_path, "--out", out]
+            argv = [sys.executable, "-m", "kuberl_app.cli", "warm-up", job_file, "--model", model_path, "--out", out]
             env = {**os.environ, env_vars.SANDBOX_TOKEN: token, env_vars.SANDBOX_URLS: sandbox_url}
             code = subprocess.run(argv, env=env, check=False).returncode
             if code != 0:
@@ -434,8 +434,8 @@ def run_command(
 
     solve_rate = None
     if evaluate:
-        from kuberl.local.evaluate import summary_line
         from kuberl.suites import environment_tasks
+        from kuberl_app.one_machine.evaluate import summary_line
         from kuberl_trainer.evaluation import evaluate as evaluate_tasks
         from kuberl_trainer.rollout_client import RolloutClient
 
@@ -585,10 +585,10 @@ def evaluate_command(
     before and after numbers with the same scorer)."""
     from pathlib import Path
 
-    from kuberl.local.evaluate import evaluate_policy, summary_line, write_summary
     from kuberl.rewards import check_tasks, resolve_reward
     from kuberl.suites import environment_tasks, load_tasks
     from kuberl.validation import ManifestError, load_rljob
+    from kuberl_app.one_machine.evaluate import evaluate_policy, summary_line, write_summary
 
     if model_path is None:
         try:
@@ -659,7 +659,7 @@ def learner(
 ) -> None:
     """Train the RLJob's policy from rollouts. Launch with torchrun for FSDP over several processes:
 
-    torchrun --nproc_per_node N -m kuberl.cli learner JOB.yaml --rollout-url URL
+    torchrun --nproc_per_node N -m kuberl_app.cli learner JOB.yaml --rollout-url URL
 
     Stops at training.totalSteps or a limit of spec.limits, or on SIGTERM, with a final checkpoint; the
     reason is in RUN_DIR/status.json. KUBERL_JOB_STARTED_AT (Unix seconds) sets when the job's wall clock
@@ -672,7 +672,7 @@ def learner(
     from kuberl.suites import environment_tasks
     from kuberl.tokens import read_job_token
     from kuberl.validation import ManifestError, load_rljob
-    from kuberl_trainer.learner import run_learner
+    from kuberl_trainer.learner_loop import run_learner
 
     try:
         job = load_rljob(job_file)
@@ -700,7 +700,7 @@ def learner(
 
 @main.command("warm-up")
 @click.argument("job_file", metavar="JOB.yaml")
-@click.option("--model", "model_path", required=True, help="The model folder to fine-tune.")
+@click.option("--model", "model_path", required=True, help=MODEL_HELP + " The warm-up fine-tunes it.")
 @click.option("--out", required=True, help="Folder the warmed-up model is saved to (warmup.json beside it).")
 def warm_up_command(job_file: str, model_path: str, out: str) -> None:
     """The supervised warm-up of spec.training.warmup: play demonstrations on a sandbox server (the first of

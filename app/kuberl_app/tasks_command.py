@@ -107,7 +107,7 @@ def check_command(file: str, repos: str, environments: str, concurrency: int) ->
     """Gold validation in the sandbox: with `patch` each instance must be resolved; unchanged, its FAIL_TO_PASS
     tests fail and its PASS_TO_PASS tests pass. One line per instance, then `N/M instances valid`; exit 0
     only when all are."""
-    from kuberl.local.task_check import check_instances
+    from kuberl_app.one_machine.task_check import check_instances
 
     instances = _read(file)
     for line in prepare_environments(instances, Path(repos), Path(environments)):

@@ -16,7 +16,7 @@ from kuberl.tokens import CHALLENGE
 from kuberl_sandbox import workspace as ws
 from kuberl_sandbox.metrics import SandboxMetrics
 from kuberl_sandbox.routes import commands, files, health, sessions
-from kuberl_sandbox.sessions import SessionError, SessionManager
+from kuberl_sandbox.session_manager import SessionError, SessionManager
 from kuberl_sandbox.settings import SandboxSettings
 
 log = logging.getLogger("kuberl.sandbox")

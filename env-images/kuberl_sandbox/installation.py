@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-PACKAGES = ("kuberl", "kuberl_sandbox", "kuberl_rollout", "kuberl_trainer", "kuberl_operator")
+PACKAGES = ("kuberl", "kuberl_app", "kuberl_sandbox", "kuberl_rollout", "kuberl_trainer", "kuberl_operator")
 """The importable packages of the KubeRL distribution, wherever they are installed."""
 SOURCE_MARKER = "pyproject.toml"
 SYSTEM = tuple(Path(p) for p in ("/bin", "/etc", "/lib", "/lib64", "/opt", "/sbin", "/usr", "/var"))

@@ -59,7 +59,7 @@ def local_sandbox(
         *launcher,
         sys.executable,
         "-m",
-        "kuberl.cli",
+        "kuberl_app.cli",
         "sandbox",
         "--host",
         "127.0.0.1",

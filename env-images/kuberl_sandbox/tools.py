@@ -11,7 +11,7 @@ from typing import Any
 
 from kuberl.api.environment import StepResult, ToolCall
 from kuberl_sandbox import workspace as ws
-from kuberl_sandbox.sessions import Session, SessionManager
+from kuberl_sandbox.session_manager import Session, SessionManager
 
 ToolHandler = Callable[[SessionManager, Session, dict[str, Any]], Awaitable[StepResult]]
 

@@ -257,8 +257,8 @@ class ScoredEnvironment(Environment, Protocol):
 @runtime_checkable
 class Environments(Protocol):
     """Opens an environment per episode and releases what they share (the rollout tier's sandbox client,
-    say). The trainer's warm-up and credit probes are handed one by a composition root (`kuberl/cli.py`,
-    `kuberl/local/`), so they play episodes without importing the tier that serves them."""
+    say). The trainer's warm-up and credit probes are handed one by a composition root (`app/kuberl_app/cli.py`,
+    `app/kuberl_app/one_machine/`), so they play episodes without importing the tier that serves them."""
 
     def open(self) -> Environment:
         """A new environment for one episode."""

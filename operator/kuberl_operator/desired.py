@@ -12,7 +12,7 @@ from kuberl.api.spec import GPU_RESOURCE, SandboxAutoscaler, SandboxPoolEngine
 from kuberl_operator.disruption import build_learner_pdb, build_rollout_pdb
 from kuberl_operator.images import JobImages
 from kuberl_operator.job_config import build_config_map
-from kuberl_operator.learner import build_learner_service, build_learner_statefulset
+from kuberl_operator.learner_gang import build_learner_service, build_learner_statefulset
 from kuberl_operator.meta import TIER_LABEL
 from kuberl_operator.network_policy import (
     NetworkPeers,

@@ -86,7 +86,7 @@ def torchrun_argv(job: RLJob, namespace: str) -> list[str]:
         f"--local-addr=$(POD_NAME).{service}.{namespace}.svc",
         "--max-restarts=0",
         "-m",
-        "kuberl.cli",
+        "kuberl_app.cli",
         *tail,
     ]
 

@@ -26,7 +26,7 @@ from typing import Any
 from kuberl.api import env_vars
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import EgressPolicy
-from kuberl_operator.learner import METRICS_PORT as LEARNER_METRICS_PORT
+from kuberl_operator.learner_gang import METRICS_PORT as LEARNER_METRICS_PORT
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX, child_name, object_meta, selector_labels
 from kuberl_operator.rollout import ROLLOUT_PORT, SANDBOX_PORT
 

@@ -73,8 +73,8 @@ def termination_messages(status: dict[str, Any]) -> list[str]:
 
 
 def sandbox_start_failure(pods: list[dict[str, Any]]) -> str | None:
-    """Why a sandbox server of the job would not start (its own words, kuberl_sandbox.sessions.report_start_failure),
-    if one said so; pods given as pod_summary keeps them."""
+    """Why a sandbox server of the job would not start (its own words,
+    kuberl_sandbox.session_manager.report_start_failure), if one said so; pods given as pod_summary keeps them."""
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         if ((pod["metadata"].get("labels") or {}).get(TIER_LABEL)) != SANDBOX or in_image_pool(pod):
             continue

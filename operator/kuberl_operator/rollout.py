@@ -94,7 +94,7 @@ def build_rollout_statefulset(
     argv = [
         "python",
         "-m",
-        "kuberl.cli",
+        "kuberl_app.cli",
         "rollout-server",
         JOB_FILE,
         "--host",

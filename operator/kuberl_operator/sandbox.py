@@ -154,7 +154,7 @@ def build_sandbox_deployment(
     environment."""
     security = security or SandboxPodSecurity.from_env()
     images = images or JobImages.from_env()
-    argv = ["python", "-m", "kuberl.cli", "sandbox", *sandbox_server_options(job)]
+    argv = ["python", "-m", "kuberl_app.cli", "sandbox", *sandbox_server_options(job)]
     container = sandbox_container(job, sandbox_token_secret, security, images.image(job, SANDBOX), argv)
     return {
         "apiVersion": "apps/v1",

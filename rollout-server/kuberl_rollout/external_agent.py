@@ -22,7 +22,7 @@ from kuberl.modeling.chat import ChatFormat
 from kuberl_rollout.agent import EpisodeLimits
 from kuberl_rollout.environment_claim import claim_environment
 from kuberl_rollout.environment_close import close_environment
-from kuberl_rollout.sessions import RecordedSession, SessionStore
+from kuberl_rollout.recorded_sessions import RecordedSession, SessionStore
 
 
 class TurnLimit(RuntimeError):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from kuberl.agents import resolve_agent
+from kuberl.agent_resolver import resolve_agent
 from kuberl.api import env_vars
 from kuberl.api.environment import RewardFunction, ScoredEnvironment, Task
 from kuberl.api.rljob import RLJob

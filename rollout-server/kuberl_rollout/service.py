@@ -36,7 +36,7 @@ from kuberl_rollout.agent import Agent
 from kuberl_rollout.environment_claim import Claimable, claim_environment
 from kuberl_rollout.environment_close import close_environment
 from kuberl_rollout.metrics import RolloutMetrics
-from kuberl_rollout.sessions import SessionStore
+from kuberl_rollout.recorded_sessions import SessionStore
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from kuberl.cli import MODEL_HELP, RUN_DIR_HELP, TASKS_HELP, main
-from kuberl.cli_reference import cli_markdown, commands, undocumented_options
+from kuberl_app.cli import MODEL_HELP, RUN_DIR_HELP, TASKS_HELP, main
+from kuberl_app.cli_reference import cli_markdown, commands, undocumented_options
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 SHARED_MEANING = {"--model": MODEL_HELP, "--run-dir": RUN_DIR_HELP, "--tasks": TASKS_HELP}

@@ -77,7 +77,7 @@ def agent_server(
         "VLLM_CPU_KVCACHE_SPACE": "1",
         **(extra_env or {}),
     }
-    argv = [sys.executable, "-m", "kuberl.cli", "rollout-server", str(folder / "job.yaml")]
+    argv = [sys.executable, "-m", "kuberl_app.cli", "rollout-server", str(folder / "job.yaml")]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--sandbox-url", sandbox.url]
     log = (folder / "rollout.log").open("w")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -66,7 +66,7 @@ from helpers.emulator_tables import AGE, BUILT_IN, printer_columns, table, wants
 WORKLOAD_RESOURCE = "kueue.x-k8s.io/v1beta1/workloads"
 CRD_RESOURCE = "apiextensions.k8s.io/v1/customresourcedefinitions"
 CRDS = sorted((Path(__file__).resolve().parents[2] / "crds").glob("*.yaml"))  # installed at start
-HANDLERS = ["-m", "kuberl.cli", "operator"]  # `kuberl operator`: watches every namespace, like `kopf run -A`
+HANDLERS = ["-m", "kuberl_app.cli", "operator"]  # `kuberl operator`: watches every namespace, like `kopf run -A`
 APPLY_PATCH = "application/apply-patch+yaml"
 CRD_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 

@@ -40,7 +40,7 @@ from kuberl_trainer.batching import (
     uses_value_head,
     with_gae,
 )
-from kuberl_trainer.learner import loss_config_for
+from kuberl_trainer.learner_loop import loss_config_for
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import predict, token_logprobs, train_step
 

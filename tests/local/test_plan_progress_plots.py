@@ -12,10 +12,10 @@ import pytest
 from conftest import with_spec
 
 from kuberl.api.rljob import RLJob
-from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import Ports, ProcessSpec, parse_pinning, plan
-from kuberl.local.progress import ProgressPrinter, duration, progress_line
-from kuberl.local.supervisor import Supervisor
+from kuberl_app.one_machine.plots import plot_learning_curve
+from kuberl_app.one_machine.processes import Ports, ProcessSpec, parse_pinning, plan
+from kuberl_app.one_machine.progress import ProgressPrinter, duration, progress_line
+from kuberl_app.one_machine.supervisor import Supervisor
 
 
 def processes(**sections):
@@ -68,7 +68,7 @@ def test_several_learner_ranks_run_under_torchrun_and_share_the_cores():
     learner = processes(learner={"replicas": 2})[-1]
     assert learner.argv[0].endswith("torchrun") and learner.argv[learner.argv.index("--nproc_per_node") + 1] == "2"
     assert learner.env["OMP_NUM_THREADS"] == "1"
-    assert processes()[-1].argv[1:3] == ["-m", "kuberl.cli"]  # one rank: plain python
+    assert processes()[-1].argv[1:3] == ["-m", "kuberl_app.cli"]  # one rank: plain python
 
 
 def test_each_vllm_engine_gets_its_share_of_the_cores_as_unpinned_threads():

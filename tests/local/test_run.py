@@ -20,9 +20,9 @@ from helpers.tiny_job import tiny_job_spec
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.api.rljob import RLJob
-from kuberl.local.progress import ProgressPrinter
-from kuberl.local.runner import run_job
 from kuberl.modeling.tiny import build_tiny_model
+from kuberl_app.one_machine.progress import ProgressPrinter
+from kuberl_app.one_machine.runner import run_job
 from kuberl_trainer.checkpoints.store import CheckpointStore
 
 pytestmark = pytest.mark.slow
@@ -144,7 +144,7 @@ def test_rollout_sandbox_and_learner_failures_cost_no_training(model, tmp_path):
 )
 def test_circuit_breakers(model, tmp_path, case, sections, env, expected):
     _, path = job(case, model, tmp_path, **sections)
-    argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
+    argv = [sys.executable, "-m", "kuberl_app.cli", "run", str(path), "--run-dir", str(tmp_path / "run")]
     argv += [] if case == "max-steps" else ["--no-evaluate"]  # one case also measures the held-out split
     result = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
     record = json.loads((tmp_path / "run" / "job.json").read_text())
@@ -170,7 +170,7 @@ def test_a_previous_run_is_never_overwritten(model, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "job.json").write_text("{}")
     result = subprocess.run(
-        [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run")],
+        [sys.executable, "-m", "kuberl_app.cli", "run", str(path), "--run-dir", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -189,7 +189,7 @@ def test_model_on_the_command_line_replaces_the_jobs_model(model, tmp_path):
     (tmp_path / "run" / "job.json").write_text("{}")
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run"), *extra]
+        argv = [sys.executable, "-m", "kuberl_app.cli", "run", str(path), "--run-dir", str(tmp_path / "run"), *extra]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
 
     refused = run()
@@ -203,7 +203,16 @@ def test_model_on_the_command_line_replaces_the_jobs_model(model, tmp_path):
 
 def test_ctrl_c_stops_with_a_final_checkpoint_and_resume_continues(model, tmp_path):
     _, path = job("resume", model, tmp_path, training={"totalSteps": 6})
-    argv = [sys.executable, "-m", "kuberl.cli", "run", str(path), "--run-dir", str(tmp_path / "run"), "--no-evaluate"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kuberl_app.cli",
+        "run",
+        str(path),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--no-evaluate",
+    ]
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and first.poll() is None:

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.status import Phase, Reason
-from kuberl.local.processes import Ports, ProcessSpec, prometheus_targets
-from kuberl.local.runner import RunMetrics, Stop
-from kuberl.local.supervisor import Supervisor
+from kuberl_app.one_machine.processes import Ports, ProcessSpec, prometheus_targets
+from kuberl_app.one_machine.runner import RunMetrics, Stop
+from kuberl_app.one_machine.supervisor import Supervisor
 from kuberl_sandbox.local import free_port
 
 

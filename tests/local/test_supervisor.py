@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from kuberl.local import supervisor as supervision
-from kuberl.local.processes import ProcessSpec
-from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
+from kuberl_app.one_machine import supervisor as supervision
+from kuberl_app.one_machine.processes import ProcessSpec
+from kuberl_app.one_machine.supervisor import RetryBudgetExhausted, Supervisor
 from kuberl_sandbox.local import free_port
 
 

@@ -96,7 +96,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, operator: OperatorEndpoint) -
     argv = [
         sys.executable,
         "-m",
-        "kuberl.cli",
+        "kuberl_app.cli",
         "run",
         str(folder / "job.yaml"),
         "--run-dir",

@@ -25,7 +25,7 @@ from monitoring.schema import (
 )
 
 from kuberl.api.rljob import RLJob
-from kuberl.local.runner import RunMetrics
+from kuberl_app.one_machine.runner import RunMetrics
 from kuberl_sandbox.local import free_port
 
 

@@ -17,7 +17,7 @@ import yaml
 from kuberl.api.breakers import PHASES, Progress, phase_for, stop_for
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import Phase, Reason, RLJobStatus
-from kuberl.local.runner import outside_breaker
+from kuberl_app.one_machine.runner import outside_breaker
 from kuberl_operator.lifecycle import LearnerStop, Observed, TierState, next_state
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects, target_namespace
 from kuberl_operator.images import JobImages
 from kuberl_operator.job_config import resolved_job_manifest
-from kuberl_operator.learner import torchrun_argv
+from kuberl_operator.learner_gang import torchrun_argv
 from kuberl_operator.meta import owner_reference
 from kuberl_operator.placement import SPOT_NODE_LABELS
 from kuberl_operator.secret import build_sandbox_token_secret
@@ -416,8 +416,8 @@ def test_the_learner_is_one_pod_per_rank_with_c10d_rendezvous_on_pod_zero(exampl
     assert f"--rdzv-endpoint={name}-0.{name}.team.svc:29400" in argv
     assert f"--local-addr=$(POD_NAME).{name}.team.svc" in argv
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
-    # the same entrypoint as `kuberl run` (kuberl/local/processes.py), on the mounted job file
-    assert argv[argv.index("-m") + 1 :][:3] == ["kuberl.cli", "learner", "/etc/kuberl/job.yaml"]
+    # the same entrypoint as `kuberl run` (app/kuberl_app/one_machine/processes.py), on the mounted job file
+    assert argv[argv.index("-m") + 1 :][:3] == ["kuberl_app.cli", "learner", "/etc/kuberl/job.yaml"]
     rollout_urls = [argv[i + 1] for i, a in enumerate(argv) if a == "--rollout-url"]
     assert rollout_urls == [
         f"http://{example.name}-rollout-{i}.{example.name}-rollout.team.svc:8800"
@@ -451,7 +451,7 @@ def test_rollout_and_sandbox_probes_and_token(example):
         assert token == {"name": "KUBERL_SANDBOX_TOKEN", "valueFrom": {"secretKeyRef": secret}}
     deployment = one(objects, "Deployment", "sandbox")
     assert deployment["spec"]["replicas"] == example.spec.sandbox.min_replicas
-    assert pod_spec(deployment)["containers"][0]["command"][:4] == ["python", "-m", "kuberl.cli", "sandbox"]
+    assert pod_spec(deployment)["containers"][0]["command"][:4] == ["python", "-m", "kuberl_app.cli", "sandbox"]
 
 
 @pytest.mark.parametrize(

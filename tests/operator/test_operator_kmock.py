@@ -484,7 +484,7 @@ def test_operator_killed_mid_way_converges_without_duplicates(cluster):
     token = api.get(f"{SECRETS}/restart-sandbox-token")
     operator.stop()
     api.patch(f"{PODS}/restart-learner-0", {"status": {"phase": "Failed"}})  # a failure while it is down
-    operator.start([sys.executable, "-m", "kuberl.cli", "operator"])
+    operator.start([sys.executable, "-m", "kuberl_app.cli", "operator"])
     recovering = wait_phase(api, "restart", "Recovering")
     assert recovering["restarts"]["learner"] == before.get("restarts", {}).get("learner", 0) + 1
     start_pods(api, "restart", "learner", 2)

@@ -92,7 +92,7 @@ def test_an_image_pool_pod_has_the_default_pools_hardening_and_placement():
     assert pool["containers"][0]["securityContext"] == default["containers"][0]["securityContext"]
     assert pool["containers"][0]["readinessProbe"] == default["containers"][0]["readinessProbe"]
     assert pool["containers"][0]["resources"] == default["containers"][0]["resources"]
-    # the same `kuberl sandbox` options, from the bundle: ["python", "-m", "kuberl.cli", "sandbox", *options]
+    # the same `kuberl sandbox` options, from the bundle: ["python", "-m", "kuberl_app.cli", "sandbox", *options]
     assert pool["containers"][0]["command"] == server_argv(default["containers"][0]["command"][4:])
 
 

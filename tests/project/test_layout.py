@@ -11,6 +11,7 @@ from conftest import REPO
 
 PACKAGES = {
     "kuberl": "kuberl",
+    "kuberl_app": "app/kuberl_app",
     "kuberl_operator": "operator/kuberl_operator",
     "kuberl_trainer": "trainer/kuberl_trainer",
     "kuberl_rollout": "rollout-server/kuberl_rollout",
@@ -21,6 +22,7 @@ PACKAGES = {
 @pytest.mark.parametrize(
     "folder",
     [
+        "app",
         "operator",
         "crds",
         "charts",

@@ -20,7 +20,7 @@ from helpers.dockerfile import instructions
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kuberl.cli import main
+from kuberl_app.cli import main
 
 IMAGES = {"operator": "operator", "learner": "trainer", "rollout": "rollout-server"}
 DOCKERFILES = {name: REPO / folder / "Dockerfile" for name, folder in IMAGES.items()}
@@ -71,8 +71,8 @@ def test_the_operator_requirements_cover_what_kuberl_operator_imports():
     assert "torch" not in visible and "kopf" in visible
     code = f"""
 import importlib.abc, sys
-VISIBLE = set({visible!r}) | set(sys.stdlib_module_names) | {{"kuberl", "kuberl_operator", "kuberl_trainer",
-    "kuberl_rollout", "kuberl_sandbox", "_distutils_hack"}}
+VISIBLE = set({visible!r}) | set(sys.stdlib_module_names) | {{"kuberl", "kuberl_app", "kuberl_operator",
+    "kuberl_trainer", "kuberl_rollout", "kuberl_sandbox", "_distutils_hack"}}
 class Hide(importlib.abc.MetaPathFinder):
     # each finder of this process, seeing nothing outside the image (find_spec answers None, as there)
     def __init__(self, finder):
@@ -83,9 +83,9 @@ class Hide(importlib.abc.MetaPathFinder):
             return None
         return self.finder.find_spec(name, path, target) if hasattr(self.finder, "find_spec") else None
 sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
-import kuberl.cli, kuberl_operator.handlers
+import kuberl_app.cli, kuberl_operator.handlers
 from click.testing import CliRunner
-result = CliRunner().invoke(kuberl.cli.main, ["operator", "--help"])
+result = CliRunner().invoke(kuberl_app.cli.main, ["operator", "--help"])
 assert result.exit_code == 0, result.output
 print("imported:", "torch" in sys.modules)
 """

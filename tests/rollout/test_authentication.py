@@ -25,8 +25,8 @@ from kuberl_rollout.api import RolloutState, create_app
 from kuberl_rollout.engine import Generation
 from kuberl_rollout.external_agent import EpisodeEnvironment
 from kuberl_rollout.metrics import RolloutMetrics
+from kuberl_rollout.recorded_sessions import SessionStore
 from kuberl_rollout.service import RolloutService
-from kuberl_rollout.sessions import SessionStore
 from kuberl_rollout.weights import BucketAssembler
 
 TOKEN = new_token()

@@ -19,13 +19,13 @@ from helpers.agent_server import AUTH, JOB_TOKEN
 from kuberl.api.sessions_http import OpenedSession, SessionInfo
 from kuberl.api.spec import AlgorithmSpec, FsdpSpec
 from kuberl.api.trajectory import Trajectory
-from kuberl.cli import main
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
+from kuberl_app.cli import main
 from kuberl_rollout.agent import EpisodeLimits
 from kuberl_rollout.external_agent import EpisodeEnvironment
+from kuberl_rollout.recorded_sessions import RecordedSession
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
-from kuberl_rollout.sessions import RecordedSession
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.batching import collate, group_advantages
 from kuberl_trainer.policy import load_policy

@@ -9,10 +9,10 @@ from click.testing import CliRunner
 from conftest import with_spec
 
 from kuberl.api.rljob import RLJob
-from kuberl.cli import main
 from kuberl.rewards import swe_toy_tests_reward
 from kuberl.suites.store import write_jsonl
 from kuberl.suites.swe_toy import generate
+from kuberl_app.cli import main
 from kuberl_rollout.server import load_job_tasks
 
 TASKS = generate(3)

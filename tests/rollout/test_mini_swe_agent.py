@@ -25,8 +25,8 @@ from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl_rollout.agent import EpisodeLimits
 from kuberl_rollout.external_agent import EpisodeEnvironment
+from kuberl_rollout.recorded_sessions import RecordedSession
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
-from kuberl_rollout.sessions import RecordedSession
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.batching import collate, group_advantages
 from kuberl_trainer.export import policy_buckets

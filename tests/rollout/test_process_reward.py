@@ -123,7 +123,7 @@ def test_kuberl_rollout_server_refuses_a_process_reward_model_in_one_line(tmp_pa
     argv = [
         sys.executable,
         "-m",
-        "kuberl.cli",
+        "kuberl_app.cli",
         "rollout-server",
         str(tmp_path / "job.yaml"),
         "--sandbox-url",

@@ -101,7 +101,7 @@ def world(tmp_path_factory):
         argv = [
             sys.executable,
             "-m",
-            "kuberl.cli",
+            "kuberl_app.cli",
             "rollout-server",
             str(folder / "job.yaml"),
             "--host",

@@ -16,12 +16,12 @@ from helpers.swe_repos import F2P, P2P, REPO, make_dataset
 
 from kuberl import portable_server
 from kuberl.api.environment import ToolCall
-from kuberl.local.task_check import sandbox_settings
 from kuberl.swebench.environments import prepare, recipe_for
 from kuberl.swebench.instances import instance_task, load_instances
+from kuberl_app.one_machine.task_check import sandbox_settings
 from kuberl_sandbox import image_workspace
 from kuberl_sandbox.metrics import SandboxMetrics
-from kuberl_sandbox.sessions import SessionError, SessionManager, foreign_image_problem
+from kuberl_sandbox.session_manager import SessionError, SessionManager, foreign_image_problem
 from kuberl_sandbox.tools import apply_tool
 
 pytestmark = pytest.mark.slow

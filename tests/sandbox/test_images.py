@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from conftest import REPO
 from helpers.dockerfile import instructions
 
-from kuberl.cli import main
+from kuberl_app.cli import main
 
 DOCKERFILES = sorted((REPO / "env-images").glob("*/Dockerfile"))
 

@@ -45,7 +45,7 @@ def _install_into(work: Path, monkeypatch) -> None:
 def test_the_server_runs_the_bundled_interpreter_without_a_shell():
     argv = portable_server.server_argv(["--port", "8700"])
     assert argv[0].startswith(portable_server.PORTABLE_MOUNT + "/") and argv[0] != "/bin/sh"
-    assert argv[-4:] == ["kuberl.cli", "sandbox", "--port", "8700"]
+    assert argv[-4:] == ["kuberl_app.cli", "sandbox", "--port", "8700"]
 
 
 def test_the_environment_selects_image_workspace_mode_and_keeps_the_images_path():

@@ -238,7 +238,7 @@ def test_a_node_without_user_namespaces_gets_one_clear_line_at_start_up():
 
 def test_the_reason_a_server_cannot_isolate_sessions_is_one_line():
     # the line is what the operator copies into the job's status: the cause kept, on one line
-    from kuberl_sandbox.sessions import isolation_problem
+    from kuberl_sandbox.session_manager import isolation_problem
     from kuberl_sandbox.settings import SandboxSettings
 
     line = isolation_problem(SandboxSettings(root=Path("/tmp/x"), token="t"), "unshare failed:\n  No space left")

@@ -15,11 +15,11 @@ import pytest
 from helpers.swe_repos import F2P, P2P, REGRESSION_TESTS, make_dataset
 
 from kuberl.api.environment import ToolCall
-from kuberl.local.task_check import check_instances, sandbox_settings
 from kuberl.swebench.environments import prepare, recipe_for
 from kuberl.swebench.instances import instance_task, load_instances
+from kuberl_app.one_machine.task_check import check_instances, sandbox_settings
 from kuberl_sandbox.metrics import SandboxMetrics
-from kuberl_sandbox.sessions import SessionError, SessionManager
+from kuberl_sandbox.session_manager import SessionError, SessionManager
 from kuberl_sandbox.tools import apply_tool
 
 pytestmark = pytest.mark.slow
@@ -192,7 +192,7 @@ def test_check_command_prints_a_line_per_instance_and_the_count(dataset, tmp_pat
     only_valid.write_text(data.instances.read_text().splitlines()[0] + "\n")
     args = ["check", "--repos", str(data.mirror), "--environments", str(environments)]
     done = subprocess.run(
-        [sys.executable, "-m", "kuberl.cli", "tasks", *args[:1], str(only_valid), *args[1:]],
+        [sys.executable, "-m", "kuberl_app.cli", "tasks", *args[:1], str(only_valid), *args[1:]],
         capture_output=True,
         text=True,
         check=False,
@@ -200,7 +200,7 @@ def test_check_command_prints_a_line_per_instance_and_the_count(dataset, tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "1/1 instances valid"
     done = subprocess.run(
-        [sys.executable, "-m", "kuberl.cli", "tasks", "check", str(data.instances), *args[1:]],
+        [sys.executable, "-m", "kuberl_app.cli", "tasks", "check", str(data.instances), *args[1:]],
         capture_output=True,
         text=True,
         check=False,

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from conftest import REPO
 
-from kuberl.local.task_check import check_instances
 from kuberl.modeling.tiny import build_tiny_model
 from kuberl.swebench.factory import make_instances
 from kuberl.swebench.instances import load_instances
+from kuberl_app.one_machine.task_check import check_instances
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_kuberl_run_trains_on_made_instances_and_evaluate_reports_a_solve_rate(m
     work = made[0]
     job = _job(made, "swe-bench-run")
     run_dir = work / "swe-bench-run"
-    done = _run([sys.executable, "-m", "kuberl.cli", "run", str(job), "--run-dir", str(run_dir)])
+    done = _run([sys.executable, "-m", "kuberl_app.cli", "run", str(job), "--run-dir", str(run_dir)])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(1, STEPS + 1))
@@ -89,7 +89,7 @@ def test_kuberl_run_trains_on_made_instances_and_evaluate_reports_a_solve_rate(m
         [
             sys.executable,
             "-m",
-            "kuberl.cli",
+            "kuberl_app.cli",
             "evaluate",
             str(job),
             "--model",
@@ -114,7 +114,7 @@ def test_mini_swe_agent_plays_episodes_on_made_instances(made):
     )
     run_dir = work / "swe-bench-mswea"
     done = _run(
-        [sys.executable, "-m", "kuberl.cli", "run", str(job), "--run-dir", str(run_dir), "--no-evaluate"],
+        [sys.executable, "-m", "kuberl_app.cli", "run", str(job), "--run-dir", str(run_dir), "--no-evaluate"],
         PYTHONPATH=str(REPO / "tests"),
         KUBERL_TEST_MSWEA_DIR=str(saved),
     )

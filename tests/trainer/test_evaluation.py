@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from kuberl.api.trajectory import Trajectory
-from kuberl.local.evaluate import summary_line
 from kuberl.suites import load_tasks
+from kuberl_app.one_machine.evaluate import summary_line
 from kuberl_trainer.evaluation import evaluate
 from kuberl_trainer.rollout_client import Collected, SubmittedGroup
 

@@ -48,7 +48,7 @@ def servers(tmp_path_factory, sandbox):
         [
             sys.executable,
             "-m",
-            "kuberl.cli",
+            "kuberl_app.cli",
             "rollout-server",
             str(folder / "rollout.yaml"),
             "--host",
@@ -76,8 +76,8 @@ def learner_argv(job_file, url, run_dir, ranks: int = 1, metrics_port: int | Non
     tail = ["learner", str(job_file), "--rollout-url", url, "--run-dir", str(run_dir)]
     tail += ["--metrics-port", str(metrics_port)] if metrics_port else []
     if ranks == 1:
-        return [sys.executable, "-m", "kuberl.cli", *tail]
-    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
+        return [sys.executable, "-m", "kuberl_app.cli", *tail]
+    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl_app.cli", *tail]
 
 
 def failure(stderr: str) -> str:

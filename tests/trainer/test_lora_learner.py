@@ -141,7 +141,7 @@ def test_ppo_s_value_head_trains_in_full_and_is_never_sent(tiny):
 def test_a_lora_policy_is_served_merged_by_the_commands_that_take_a_model_folder(tiny, tmp_path):
     """`kuberl evaluate JOB --model ADAPTER_DIR` (and the credit probes) serve a full folder: the adapters merged."""
     from kuberl.api.rljob import RLJob
-    from kuberl.cli import _model_to_run
+    from kuberl_app.cli import _model_to_run
 
     model, optimizer = policy(tiny)
     batch = global_batch(model.config.vocab_size)

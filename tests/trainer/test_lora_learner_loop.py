@@ -54,7 +54,7 @@ def test_a_lora_job_trains_adapters_that_the_rollout_serves_with_the_learners_lo
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     port = free_port()
-    argv = [sys.executable, "-m", "kuberl.cli", "rollout-server", str(job_file), "--host", "127.0.0.1"]
+    argv = [sys.executable, "-m", "kuberl_app.cli", "rollout-server", str(job_file), "--host", "127.0.0.1"]
     rollout = subprocess.Popen(
         [*argv, "--port", str(port), "--sandbox-url", sandbox.url],
         env=env,
@@ -69,7 +69,7 @@ def test_a_lora_job_trains_adapters_that_the_rollout_serves_with_the_learners_lo
             [
                 sys.executable,
                 "-m",
-                "kuberl.cli",
+                "kuberl_app.cli",
                 "learner",
                 str(job_file),
                 "--rollout-url",

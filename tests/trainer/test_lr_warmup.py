@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kuberl.api.spec import TrainingSpec
-from kuberl_trainer.learner import learning_rate_at
+from kuberl_trainer.learner_loop import learning_rate_at
 
 
 def test_the_rate_rises_linearly_then_stays_at_the_learning_rate():

@@ -20,9 +20,9 @@ from kuberl.api import env_vars
 from kuberl.api.environment import Task
 from kuberl.api.rljob import RLJob
 from kuberl.api.trajectory import FinishReason
-from kuberl.local.processes import JOB_TOKEN_FILE, Ports, plan, sandbox_scratch
-from kuberl.local.supervisor import Supervisor
 from kuberl.tokens import write_token_file
+from kuberl_app.one_machine.processes import JOB_TOKEN_FILE, Ports, plan, sandbox_scratch
+from kuberl_app.one_machine.supervisor import Supervisor
 from kuberl_sandbox.local import free_port
 
 

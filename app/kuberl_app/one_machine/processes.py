@@ -86,7 +86,7 @@ def plan(
     RUN_DIR/job-token (the caller writes it), as their pods read it from the job's Secret; the sandboxes never
     learn it."""
     pinning = pinning or {}
-    python = [sys.executable, "-m", "kuberl.cli"]
+    python = [sys.executable, "-m", "kuberl_app.cli"]
     logs = run_dir / "logs"
     sandbox_urls = [f"http://127.0.0.1:{p}" for p in ports.sandboxes]
     rollout_urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
@@ -164,7 +164,7 @@ def plan(
     ]
     if ranks > 1:
         torchrun = str(Path(sys.executable).parent / "torchrun")
-        argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl.cli", *tail]
+        argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl_app.cli", *tail]
     else:
         argv = [*python, *tail]
     learner_cpus = pinning.get("learner")

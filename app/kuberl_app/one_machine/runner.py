@@ -34,8 +34,9 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
 from kuberl.job_metrics import JobMetrics
-from kuberl.local.plots import plot_learning_curve
-from kuberl.local.processes import (
+from kuberl.tokens import write_token_file
+from kuberl_app.one_machine.plots import plot_learning_curve
+from kuberl_app.one_machine.processes import (
     JOB_TOKEN_FILE,
     Ports,
     local_replicas,
@@ -43,9 +44,8 @@ from kuberl.local.processes import (
     prometheus_targets,
     sandbox_scratch,
 )
-from kuberl.local.progress import ProgressPrinter, progress_line
-from kuberl.local.supervisor import RetryBudgetExhausted, Supervisor
-from kuberl.tokens import write_token_file
+from kuberl_app.one_machine.progress import ProgressPrinter, progress_line
+from kuberl_app.one_machine.supervisor import RetryBudgetExhausted, Supervisor
 from kuberl_sandbox.local import free_port
 
 POLL_S = 0.5

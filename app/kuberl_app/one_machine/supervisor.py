@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from kuberl.local.processes import ProcessSpec
+from kuberl_app.one_machine.processes import ProcessSpec
 
 BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
 LIVENESS_PERIOD_S, LIVENESS_FAILURES = 5.0, 3

@@ -19,7 +19,7 @@ from pathlib import Path
 from kuberl.api.swebench import SWEBenchInstance
 from kuberl.swebench.instances import instance_task
 from kuberl_sandbox.metrics import SandboxMetrics
-from kuberl_sandbox.sessions import SessionError, SessionManager
+from kuberl_sandbox.session_manager import SessionError, SessionManager
 from kuberl_sandbox.settings import CommandLimits, SandboxSettings
 from kuberl_sandbox.testrun import TestOutcome
 

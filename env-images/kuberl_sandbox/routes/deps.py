@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from kuberl.tokens import bearer_matches
-from kuberl_sandbox.sessions import Session, SessionError, SessionManager
+from kuberl_sandbox.session_manager import Session, SessionError, SessionManager
 
 
 async def authenticate(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:

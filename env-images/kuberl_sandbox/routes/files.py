@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from kuberl.api.sandbox_http import ExecResponse, PatchRequest, ReplaceRequest, WriteRequest
 from kuberl_sandbox.routes.commands import exec_response
 from kuberl_sandbox.routes.deps import AUTHENTICATED, Manager, SessionOf
-from kuberl_sandbox.sessions import SessionError
+from kuberl_sandbox.session_manager import SessionError
 
 router = APIRouter(dependencies=AUTHENTICATED)
 

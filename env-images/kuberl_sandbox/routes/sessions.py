@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from kuberl.api.environment import Snapshot, Task
 from kuberl.api.sandbox_http import CreateSession, RestoreSession, SessionInfo
 from kuberl_sandbox.routes.deps import AUTHENTICATED, Manager, SessionOf
-from kuberl_sandbox.sessions import Session
+from kuberl_sandbox.session_manager import Session
 
 router = APIRouter(dependencies=AUTHENTICATED)
 
