@@ -196,7 +196,8 @@ class WarmupSpec(ApiModel):
     correct edit; the rest make a wrong one (`wrongEdit`). The warmed-up policy
     then already solves some tasks and fails others, so RL starts where sampled groups disagree and has
     to learn which of the behaviours it has seen the reward prefers. Its time counts against
-    limits.maxWallClock: the breaker bounds what the whole job spends."""
+    limits.maxWallClock: the breaker bounds what the whole job spends. With spec.model.lora the warm-up trains
+    adapters of the same shape and merges them into the model (float32) that RL then adapts afresh."""
 
     demonstrations: int = Field(0, ge=0, le=1_000_000)
     """Demonstration episodes to generate; 0 skips the warm-up."""

@@ -294,7 +294,7 @@ def test_plan_reads_config_json_from_s3_with_the_jobs_credentials(tmp_path):
 
 # ------------------------------------------------------------------------------ the shipped examples
 # config.json of the models the examples name (the published Qwen3 configs; the demo's tiny Llama as
-# `kuberl build-tiny-model --hidden-size 128 --layers 2` writes it, vocabulary at most 2048)
+# `kuberl build-tiny-model --hidden-size 128 --layers 2` writes it, vocabulary at most 2048; SmolLM2-135M-Instruct)
 QWEN3 = {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "torch_dtype": "bfloat16"}
 MODELS = {
     "Qwen3-0.6B": {
@@ -320,6 +320,17 @@ MODELS = {
         "num_attention_heads": 32,
         "intermediate_size": 12288,
         "tie_word_embeddings": False,
+    },
+    "smollm2-135m-instruct": {  # python -m kuberl.modeling.smollm writes it
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
     },
     "tiny-llama": {
         "hidden_size": 128,

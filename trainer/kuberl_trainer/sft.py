@@ -6,6 +6,10 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kuberl.api.spec import LoraSpec
 
 
 def supervised_fit(
@@ -17,10 +21,14 @@ def supervised_fit(
     batch_size: int = 8,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    lora: LoraSpec | None = None,
 ) -> list[float]:
     """Train next-token prediction on the masked positions of `examples`; save to `out_path`.
 
-    Returns the loss of every step; `on_step(step, loss)` is called after each (progress display).
+    With `lora`, only adapters of that shape train (a third less compute a step than the whole model, and
+    optimizer state for about 1 % of the weights); they are merged into the base weights in float32 before
+    saving, so `out_path` is a plain model folder either way. Returns the loss of every step; `on_step(step,
+    loss)` is called after each (progress display).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -29,7 +37,14 @@ def supervised_fit(
     rng = random.Random(seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    if lora is not None:
+        from peft import get_peft_model
+
+        from kuberl.modeling.lora import peft_config
+
+        model = get_peft_model(model, peft_config(lora))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
     # a short linear warm-up, then cosine decay to a tenth: the last steps polish instead of jumping around,
     # which is what exact copying (a file name, an expression) needs
     warmup = max(1, steps // 20)
@@ -56,12 +71,14 @@ def supervised_fit(
         loss = model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
         if on_step is not None:
             on_step(len(losses), losses[-1])
+    if lora is not None:  # float32 weights: merging into bf16 would round the adapters' small update away
+        model = model.merge_and_unload()
     model.save_pretrained(out_path, safe_serialization=True)
     tokenizer.save_pretrained(out_path)
     return losses

@@ -134,10 +134,13 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         flush=True,
     )
     fit_started = time.monotonic()
+    shown = [fit_started]
 
     def progress(step: int, loss: float) -> None:
-        if step % 25 == 0 or step == warmup.steps:
-            elapsed = time.monotonic() - fit_started
+        # every 25 steps, and at least every half minute: a pretrained model's step can take 20 s on a CPU
+        if step % 25 == 0 or step == warmup.steps or time.monotonic() - shown[0] >= 30:
+            shown[0] = time.monotonic()
+            elapsed = shown[0] - fit_started
             print(f"warm-up: step {step}/{warmup.steps}, loss {loss:.3f}, {elapsed:.0f}s", flush=True)
 
     losses = supervised_fit(
@@ -149,6 +152,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         batch_size=warmup.batch_size,
         seed=job.spec.training.seed,
         on_step=progress,
+        lora=job.spec.model.lora,
     )
     landing = land(job, out_path, [(d.token_ids, d.loss_mask) for d in demos], tasks, environments, chat)
     losses += landing.pop("losses")
@@ -218,6 +222,7 @@ def land(
             learning_rate=rule.learning_rate,
             batch_size=warmup.batch_size,
             seed=job.spec.training.seed + round_ + 1,  # another draw of batches than the round before
+            lora=job.spec.model.lora,
         )
     if checks[-1] < rule.min_correct_edit:
         print(
