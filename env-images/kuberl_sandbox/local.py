@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from kuberl.api import env_vars
+from kuberl.api.command_lines import cli, sandbox_server_args
 from kuberl_sandbox.settings import ADVERTISE_ENV
 
 
@@ -55,23 +56,9 @@ def local_sandbox(
     token, port = token or secrets.token_hex(16), free_port()
     log = base / "server.log"
     env = {**os.environ, **(env or {}), env_vars.SANDBOX_TOKEN: token, ADVERTISE_ENV: f"http://127.0.0.1:{port}"}
-    argv = [
-        *launcher,
-        sys.executable,
-        "-m",
-        "kuberl_app.cli",
-        "sandbox",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--root",
-        str(base / "sessions"),
-        "--max-sessions",
-        str(max_sessions),
-        "--session-timeout",
-        session_timeout,
-    ]
+    root = str(base / "sessions")
+    argv = [*launcher, *cli(sys.executable), "sandbox"]
+    argv += sandbox_server_args("127.0.0.1", port, root, session_timeout, max_sessions)
     with log.open("w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, extra_groups=extra_groups)
     url = f"http://127.0.0.1:{port}"

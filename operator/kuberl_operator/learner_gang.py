@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.command_lines import CLI_MODULE, learner_args
 from kuberl.api.env_vars import JOB_NAME as JOB_NAME_ENV
 from kuberl.api.env_vars import NAMESPACE as NAMESPACE_ENV
 from kuberl.api.rljob import RLJob
@@ -73,9 +74,6 @@ def torchrun_argv(job: RLJob, namespace: str) -> list[str]:
     whole gang from the newest checkpoint, counting it against the retry budget."""
     service = child_name(job, LEARNER)
     world = job.spec.learner.replicas
-    tail = ["learner", JOB_FILE, "--run-dir", RUN_DIR, "--metrics-port", str(METRICS_PORT)]
-    for url in rollout_urls(job, namespace):
-        tail += ["--rollout-url", url]
     return [
         "torchrun",
         f"--nnodes={world}",
@@ -86,8 +84,8 @@ def torchrun_argv(job: RLJob, namespace: str) -> list[str]:
         f"--local-addr=$(POD_NAME).{service}.{namespace}.svc",
         "--max-restarts=0",
         "-m",
-        "kuberl_app.cli",
-        *tail,
+        CLI_MODULE,
+        *learner_args(JOB_FILE, RUN_DIR, METRICS_PORT, rollout_urls(job, namespace)),
     ]
 
 

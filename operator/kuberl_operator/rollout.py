@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.command_lines import rollout_server_command
 from kuberl.api.env_vars import SANDBOX_POOL_URL
 from kuberl.api.rljob import RLJob
 from kuberl_operator.images import JobImages
@@ -91,19 +92,7 @@ def build_rollout_statefulset(
     `images`: the operator's image defaults (its environment's by default)."""
     images = images or JobImages.from_env()
     volumes, mounts = workload_volumes(job)
-    argv = [
-        "python",
-        "-m",
-        "kuberl_app.cli",
-        "rollout-server",
-        JOB_FILE,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(ROLLOUT_PORT),
-        "--sandbox-url",
-        sandbox_url(job, namespace),
-    ]
+    argv = rollout_server_command(JOB_FILE, "0.0.0.0", ROLLOUT_PORT, [sandbox_url(job, namespace)])
     container = {
         "name": ROLLOUT,
         "image": images.image(job, ROLLOUT),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.command_lines import sandbox_args, sandbox_command
 from kuberl.api.env_vars import SANDBOX_ADVERTISE_URL as ADVERTISE_ENV
 from kuberl.api.env_vars import SANDBOX_EGRESS
 from kuberl.api.rljob import RLJob
@@ -27,12 +28,6 @@ SESSIONS_DIR = f"{WORKSPACE_DIR}/sessions"  # KUBERL_SANDBOX_ROOT of the sandbox
 def sandbox_replicas(job: RLJob) -> int:
     """minReplicas to start with; the autoscaler (operator or HPA) moves it within [min, max] later."""
     return 0 if job.spec.suspend else job.spec.sandbox.min_replicas
-
-
-def sandbox_max_sessions(job: RLJob) -> int:
-    """Sessions one server accepts: twice the sessionsPerPod the autoscaler sizes the tier for, because the
-    Service spreads new sessions at random, not by load, so a pod can be handed more than its share."""
-    return 2 * job.spec.sandbox.sessions_per_pod
 
 
 POOL_LABEL = "kuberl.io/sandbox-pool"
@@ -67,19 +62,7 @@ def build_sandbox_service(job: RLJob, namespace: str, owner: dict[str, Any] | No
 
 def sandbox_server_options(job: RLJob) -> list[str]:
     """The options of `kuberl sandbox` for the job's pools, the default one and every image's."""
-    spec = job.spec.sandbox
-    return [
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(SANDBOX_PORT),
-        "--root",
-        SESSIONS_DIR,
-        "--session-timeout",
-        spec.session.timeout,
-        "--max-sessions",
-        str(sandbox_max_sessions(job)),
-    ]
+    return sandbox_args(job, "0.0.0.0", SANDBOX_PORT, SESSIONS_DIR)
 
 
 def sandbox_container(
@@ -154,7 +137,7 @@ def build_sandbox_deployment(
     environment."""
     security = security or SandboxPodSecurity.from_env()
     images = images or JobImages.from_env()
-    argv = ["python", "-m", "kuberl_app.cli", "sandbox", *sandbox_server_options(job)]
+    argv = sandbox_command(job, "0.0.0.0", SANDBOX_PORT, SESSIONS_DIR)
     container = sandbox_container(job, sandbox_token_secret, security, images.image(job, SANDBOX), argv)
     return {
         "apiVersion": "apps/v1",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kuberl.api import env_vars
+from kuberl.api.command_lines import CLI_MODULE, cli, learner_args, rollout_server_command, sandbox_command
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import SWE_BENCH
 from kuberl.swebench.readiness import sandbox_environment
@@ -86,92 +87,86 @@ def plan(
     RUN_DIR/job-token (the caller writes it), as their pods read it from the job's Secret; the sandboxes never
     learn it."""
     pinning = pinning or {}
-    python = [sys.executable, "-m", "kuberl_app.cli"]
-    logs = run_dir / "logs"
-    sandbox_urls = [f"http://127.0.0.1:{p}" for p in ports.sandboxes]
-    rollout_urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
-    spec = job.spec
     token = {env_vars.SANDBOX_TOKEN: sandbox_token}
+    return [
+        *_sandbox_processes(job, run_dir, ports, token, sandbox_root, pinning.get("sandbox")),
+        *_rollout_processes(job_file, run_dir, model_path, ports, token, cpus, pinning.get("rollout")),
+        _learner_process(job, job_file, run_dir, model_path, ports, cpus, pinning.get("learner")),
+    ]
+
+
+def _local_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def _sandbox_processes(
+    job: RLJob,
+    run_dir: Path,
+    ports: Ports,
+    token: dict[str, str],
+    sandbox_root: Path,
+    pinned: frozenset[int] | None,
+) -> list[ProcessSpec]:
+    """One `kuberl sandbox` per port, each with a root of its own under `sandbox_root`."""
+    env = token | sandbox_environment(job.spec.environment) | sandbox_isolation(job, run_dir)
+    out = []
+    for i, port in enumerate(ports.sandboxes):
+        url = _local_url(port)
+        argv = sandbox_command(job, "127.0.0.1", port, str(sandbox_root / str(i)), python=sys.executable)
+        logs = run_dir / "logs" / f"sandbox-{i}.log"
+        out.append(ProcessSpec(f"sandbox-{i}", "sandbox", argv, env, f"{url}/readyz", logs, f"{url}/healthz", pinned))
+    return out
+
+
+def _rollout_processes(
+    job_file: Path,
+    run_dir: Path,
+    model_path: str,
+    ports: Ports,
+    token: dict[str, str],
+    cpus: int,
+    pinned: frozenset[int] | None,
+) -> list[ProcessSpec]:
+    """One `kuberl rollout-server` per port, each opening sessions on every sandbox server."""
+    sandbox_urls = [_local_url(p) for p in ports.sandboxes]
     job_token = {env_vars.JOB_TOKEN_FILE: str(run_dir / JOB_TOKEN_FILE)}
-    sandbox_env = token | sandbox_environment(spec.environment) | sandbox_isolation(job, run_dir)
-    out = [
-        ProcessSpec(
-            f"sandbox-{i}",
-            "sandbox",
-            [
-                *python,
-                "sandbox",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--root",
-                str(sandbox_root / str(i)),
-                "--session-timeout",
-                spec.sandbox.session.timeout,
-                "--max-sessions",
-                str(max(spec.sandbox.sessions_per_pod, spec.rollout.concurrent_sessions)),
-            ],
-            sandbox_env,
-            f"{sandbox_urls[i]}/readyz",
-            logs / f"sandbox-{i}.log",
-            f"{sandbox_urls[i]}/healthz",
-            pinning.get("sandbox"),
-        )
-        for i, port in enumerate(ports.sandboxes)
-    ]
+    # the engines share the machine with the learner: each gets its share of the cores as threads
+    share = len(pinned) // len(ports.rollouts) if pinned else cpus // (len(ports.rollouts) + 1)
+    threads = env_vars.cpu_engine_threads(share)
+    env = {**token, **job_token, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    out = []
     for i, port in enumerate(ports.rollouts):
-        argv = [
-            *python,
-            "rollout-server",
-            str(job_file),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--model",
-            model_path,
-            *(a for url in sandbox_urls for a in ("--sandbox-url", url)),
-        ]
-        # the engines share the machine with the learner: each gets its share of the cores as threads
-        pinned = pinning.get("rollout")
-        share = len(pinned) // len(ports.rollouts) if pinned else cpus // (len(ports.rollouts) + 1)
-        threads = env_vars.cpu_engine_threads(share)
-        env = {**token, **job_token, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-        out.append(
-            ProcessSpec(
-                f"rollout-{i}",
-                "rollout",
-                argv,
-                env,
-                f"{rollout_urls[i]}/readyz",
-                logs / f"rollout-{i}.log",
-                f"{rollout_urls[i]}/healthz",
-                pinned,
-            )
+        url = _local_url(port)
+        argv = rollout_server_command(
+            str(job_file), "127.0.0.1", port, sandbox_urls, model=model_path, python=sys.executable
         )
-    ranks = spec.learner.replicas
-    tail = [
-        "learner",
-        str(job_file),
-        "--model",
-        model_path,
-        "--run-dir",
-        str(run_dir),
-        "--metrics-port",
-        str(ports.learner_metrics),
-        *(a for url in rollout_urls for a in ("--rollout-url", url)),
-    ]
+        logs = run_dir / "logs" / f"rollout-{i}.log"
+        out.append(ProcessSpec(f"rollout-{i}", "rollout", argv, env, f"{url}/readyz", logs, f"{url}/healthz", pinned))
+    return out
+
+
+def _learner_process(
+    job: RLJob,
+    job_file: Path,
+    run_dir: Path,
+    model_path: str,
+    ports: Ports,
+    cpus: int,
+    pinned: frozenset[int] | None,
+) -> ProcessSpec:
+    """`kuberl learner`, under torchrun --standalone when the job has several ranks."""
+    ranks = job.spec.learner.replicas
+    rollout_urls = [_local_url(p) for p in ports.rollouts]
+    args = learner_args(str(job_file), str(run_dir), ports.learner_metrics, rollout_urls, model=model_path)
     if ranks > 1:
         torchrun = str(Path(sys.executable).parent / "torchrun")
-        argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", "kuberl_app.cli", *tail]
+        argv = [torchrun, "--standalone", "--nproc_per_node", str(ranks), "-m", CLI_MODULE, *args]
     else:
-        argv = [*python, *tail]
-    learner_cpus = pinning.get("learner")
-    threads = str(max(1, len(learner_cpus or range(cpus)) // ranks))
-    env = {**job_token, env_vars.OMP_NUM_THREADS: threads, "HF_HUB_OFFLINE": "1"}
-    out.append(ProcessSpec("learner", "learner", argv, env, None, logs / "learner.log", cpus=learner_cpus))
-    return out
+        argv = [*cli(sys.executable), *args]
+    threads = str(max(1, len(pinned or range(cpus)) // ranks))
+    env = {env_vars.JOB_TOKEN_FILE: str(run_dir / JOB_TOKEN_FILE), env_vars.OMP_NUM_THREADS: threads}
+    env["HF_HUB_OFFLINE"] = "1"
+    return ProcessSpec("learner", "learner", argv, env, None, run_dir / "logs" / "learner.log", cpus=pinned)
 
 
 TIERS = ("sandbox", "rollout", "learner")
