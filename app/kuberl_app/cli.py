@@ -504,7 +504,7 @@ def _model_to_run(job, model_path: str | None) -> str:
     try:
         model = model_path or str(local_copy(job.spec.model.uri))
         if model_path is not None and (Path(model_path) / ADAPTER_CONFIG).is_file():
-            model = _merged_adapter(model_path, str(local_copy(job.spec.model.uri)))
+            model = _merged_adapter(model_path, _adapter_base(Path(model_path) / ADAPTER_CONFIG, job))
     except LocalCopyError as err:
         hint = "the demo's tiny model: `kuberl build-tiny-model PATH`; or give --model"
         raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
@@ -513,6 +513,20 @@ def _model_to_run(job, model_path: str | None) -> str:
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     return model
+
+
+def _adapter_base(adapter_config, job) -> str:
+    """The model an adapter was trained on: the folder its adapter_config.json names when it is here (after a
+    warm-up, the warmed-up model, not spec.model.uri), else a local copy of spec.model.uri."""
+    from pathlib import Path
+
+    from kuberl.storage import local_copy
+
+    recorded = json.loads(adapter_config.read_text()).get("base_model_name_or_path") or ""
+    if recorded and (Path(recorded) / "config.json").is_file():
+        return recorded
+    click.echo(f"{adapter_config}: its base model {recorded!r} is not here; merging into spec.model.uri")
+    return str(local_copy(job.spec.model.uri))
 
 
 def _merged_adapter(adapter_dir: str, base_dir: str) -> str:
@@ -666,13 +680,14 @@ def learner(
     started (default: now). The rollout servers are called with the job token (the file KUBERL_JOB_TOKEN_FILE
     names, else KUBERL_JOB_TOKEN)."""
     import os
+    import time
     from pathlib import Path
 
     from kuberl.storage import check_model_folder, local_copy
     from kuberl.suites import environment_tasks
     from kuberl.tokens import read_job_token
     from kuberl.validation import ManifestError, load_rljob
-    from kuberl_trainer.learner_loop import run_learner
+    from kuberl_trainer.learner_loop import job_clock_start, run_learner
 
     try:
         job = load_rljob(job_file)
@@ -680,7 +695,7 @@ def learner(
         task_ids = [t.task_id for t in environment_tasks(env, str(env.tasks.split))]
         model = model_path or str(local_copy(job.spec.model.uri))
         check_model_folder(model)
-        started = float(os.environ[env_vars.JOB_STARTED_AT]) if os.environ.get(env_vars.JOB_STARTED_AT) else None
+        started = job_clock_start(os.environ, time.time())
         token = read_job_token()
     except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
