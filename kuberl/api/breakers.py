@@ -55,6 +55,18 @@ class Stop:
     message: str
 
 
+def clock_started_at(running_seconds: float, now: float) -> float:
+    """When the job's wall clock counts from, for a process that starts at `now` (Unix seconds) in a job that
+    has run `running_seconds` so far (status.runningSeconds, or every `kuberl run` of the job together): the
+    job's start moved later by the time it did not run (suspended, or between runs), as maxWallClock says."""
+    return now - running_seconds
+
+
+def wall_clock_elapsed(started_at: float, now: float) -> float:
+    """Seconds the job has run at `now`, by its clock's start (clock_started_at): Progress.elapsed_seconds."""
+    return max(0.0, now - started_at)
+
+
 def stop_for(spec: RLJobSpec, progress: Progress) -> Stop | None:
     """The first limit `progress` has reached, or None to keep training."""
     reached = _reached(spec, progress)

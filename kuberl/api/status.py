@@ -147,6 +147,9 @@ class RLJobStatus(ApiModel):
     """The spec generation this status describes."""
     start_time: datetime | None = None
     """When the job first started running."""
+    clock_start_time: datetime | None = None
+    """When the wall clock counts from: startTime moved later by the time the job was suspended, so the time
+    since it is its running time. Learner pods count their wall-clock breaker from it, across gang restarts."""
     running_seconds: float = Field(0.0, ge=0.0)
     """Seconds the job has run since it started, time Suspended excluded: the wall-clock breaker's clock."""
     gpu_hours: float = Field(0.0, ge=0.0)

@@ -7,6 +7,7 @@ Kueue's Workload after its creation."""
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import Any
 
 import yaml
@@ -14,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec, SandboxAutoscaler
+from kuberl.api.status import RLJobStatus
 from kuberl.kube import Kube, object_path
 from kuberl_operator.desired import desired_objects
 from kuberl_operator.images import JobImages, running_images
@@ -64,6 +66,12 @@ def contains(existing: Any, desired: Any) -> bool:
     return existing == desired
 
 
+def learner_clock(status: RLJobStatus) -> datetime | None:
+    """When a job's wall clock counts from for its learner pods; a job that ran before clockStartTime was
+    recorded counts from its startTime."""
+    return status.clock_start_time or status.start_time
+
+
 def config_map_path(job: RLJob, namespace: str) -> str:
     return object_path(build_config_map(job, namespace, None))
 
@@ -78,13 +86,15 @@ def apply_children(
     security: SandboxPodSecurity | None = None,
     peers: NetworkPeers | None = None,
     images: JobImages | None = None,
+    clock_start: datetime | None = None,
 ) -> list[str]:
     """Apply every child; `scaled_down` renders every tier with zero replicas (suspended or finished jobs).
     A `new` job's children are applied without reading first (half the requests when a thousand jobs arrive
     at once; an apply creates what is missing). `security` is what the cluster lets sandbox pods use and
     `peers` who outside the job its NetworkPolicies admit, `images` the images and pull secrets of tiers that
     name none (the operator's configuration). Tiers that name no image keep the one their pods run (the
-    applied job file's). Returns 'Kind/name' of what was written."""
+    applied job file's); `clock_start` the job's status.clockStartTime (learner_clock), for its learner pods.
+    Returns 'Kind/name' of what was written."""
     if scaled_down:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     applied_config = None if new else kube.get(config_map_path(job, namespace))
@@ -96,7 +106,10 @@ def apply_children(
         build_sandbox_token_secret(job, namespace, owner, secrets.token_urlsafe(32)),
         build_job_token_secret(job, namespace, owner, secrets.token_urlsafe(32)),
     ]
-    for obj in [*tokens, *desired_objects(job, namespace, owner=owner, security=security, peers=peers, images=images)]:
+    desired = desired_objects(
+        job, namespace, owner=owner, security=security, peers=peers, images=images, clock_start=clock_start
+    )
+    for obj in [*tokens, *desired]:
         if obj["kind"] in CREATE_ONLY:
             if _create(kube, obj) is None:
                 continue  # it exists: never written again

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import yaml
@@ -47,6 +48,7 @@ def desired_objects(
     peers: NetworkPeers | None = None,
     images: JobImages | None = None,
     pool_images: Iterable[str] = (),
+    clock_start: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """All children, ordered so that each exists before what needs it: identity and config first, every
     tier's NetworkPolicy before any of its pods (untrusted code never runs unfenced, and no job's servers
@@ -55,14 +57,15 @@ def desired_objects(
     outside the job the policies admit (NetworkPeers); `images`: the images and pull secrets of jobs that name
     none (JobImages; the environment's by default, as the operator's); `pool_images`: environment images whose
     sandbox pools to show, at zero pods (`kuberl render --tasks`; the operator makes and scales them at run
-    time, kuberl_operator.pool_reconcile)."""
+    time, kuberl_operator.pool_reconcile); `clock_start`: when the job's wall clock counts from, for its learner
+    pods (status.clockStartTime; None before it first ran)."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
     images = images or JobImages.from_env()
     job = images.resolved(job)
     workloads = [
         build_sandbox_deployment(job, namespace, owner, secret, security, images),
         build_rollout_statefulset(job, namespace, owner, secret, images),
-        build_learner_statefulset(job, namespace, owner, images),
+        build_learner_statefulset(job, namespace, owner, images, clock_start),
     ]
     queue = []
     if job.spec.scheduling.queue_name:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from kuberl.api.command_lines import CLI_MODULE, learner_args
 from kuberl.api.env_vars import JOB_NAME as JOB_NAME_ENV
+from kuberl.api.env_vars import JOB_STARTED_AT
 from kuberl.api.env_vars import NAMESPACE as NAMESPACE_ENV
 from kuberl.api.rljob import RLJob
 from kuberl_operator.images import JobImages
@@ -89,15 +91,18 @@ def torchrun_argv(job: RLJob, namespace: str) -> list[str]:
     ]
 
 
-def learner_env(job: RLJob) -> list[dict[str, Any]]:
+def learner_env(job: RLJob, clock_start: datetime | None = None) -> list[dict[str, Any]]:
     """NCCL and torch settings for a gang in pods: async error handling makes the surviving ranks fail
     fast when one dies (instead of hanging in a collective until the NCCL timeout), so the operator sees
-    the failure and restarts the gang; loopback and docker bridges are never the route between pods."""
+    the failure and restarts the gang; loopback and docker bridges are never the route between pods. With
+    the job's `clock_start` (status.clockStartTime, once it ran), a restarted gang counts its wall clock from
+    it rather than from its own start."""
+    started = {JOB_STARTED_AT: f"{clock_start.timestamp():.3f}"} if clock_start is not None else {}
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         # which RLJob the learner reports into (kuberl_trainer.cluster_status)
         {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        *env_list({JOB_NAME_ENV: job.name}),
+        *env_list({JOB_NAME_ENV: job.name, **started}),
         job_token_env(),  # it calls the rollout servers
         *env_list({"NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}),
         *runtime_env(),
@@ -113,12 +118,17 @@ def final_checkpoint_hook() -> dict[str, Any]:
 
 
 def build_learner_statefulset(
-    job: RLJob, namespace: str, owner: dict[str, Any] | None, images: JobImages | None = None
+    job: RLJob,
+    namespace: str,
+    owner: dict[str, Any] | None,
+    images: JobImages | None = None,
+    clock_start: datetime | None = None,
 ) -> dict[str, Any]:
     """One pod per rank. Parallel pod management starts (and stops) all ranks at once: a gang cannot
     rendezvous one pod at a time, and an ordered scale-down would wait on ranks blocked in collectives.
     OnDelete updates: the operator restarts the gang as a whole; a rolling update would break it rank by
-    rank. `images`: the operator's image defaults (its environment's by default)."""
+    rank. `images`: the operator's image defaults (its environment's by default); `clock_start`: see
+    learner_env."""
     images = images or JobImages.from_env()
     volumes, mounts = workload_volumes(job)
     volumes.append({"name": "run", "emptyDir": {}})
@@ -127,7 +137,7 @@ def build_learner_statefulset(
         "name": LEARNER,
         "image": images.image(job, LEARNER),
         "command": torchrun_argv(job, namespace),
-        "env": learner_env(job),
+        "env": learner_env(job, clock_start),
         "ports": [
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from kuberl.api.breakers import Progress, phase_for, stop_for
+from kuberl.api.breakers import Progress, clock_started_at, phase_for, stop_for
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import SANDBOX_ISOLATED, TERMINAL_PHASES, Condition, PerTier, Phase, Reason, RLJobStatus
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX
@@ -113,7 +113,7 @@ def next_state(spec: RLJobSpec, status: RLJobStatus, observed: Observed, generat
         )
         # from Pending the create handler has applied the children; from Suspended they are at zero
         actions = (Action(ActionKind.APPLY),) if status.phase == Phase.SUSPENDED else ()
-        return _enter(new, now, Phase.INITIALIZING, Reason.CREATING_WORKERS, message, actions)
+        return _enter(_clock_resumed(new, now), now, Phase.INITIALIZING, Reason.CREATING_WORKERS, message, actions)
     if stop := _breaker(spec, new, observed):
         return stop
     return _workers(spec, new, observed)
@@ -220,12 +220,21 @@ def _workers(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
         actions.append(Action(ActionKind.RESTART_LEARNER_GANG, LEARNER, pods))
         return _enter(status, now, Phase.RECOVERING, reason, message, tuple(actions), tuple(events))
     if status.phase in (Phase.INITIALIZING, Phase.RECOVERING) and _all_ready(observed.tiers):
-        started = status.start_time or now
-        status = status.model_copy(update={"start_time": started})
+        if status.start_time is None:
+            status = status.model_copy(update={"start_time": now, "clock_start_time": now})
         return _enter(
             status, now, Phase.RUNNING, Reason.TRAINING, "every tier is ready; training", tuple(actions), tuple(events)
         )
     return Decision(status, tuple(actions), tuple(events))
+
+
+def _clock_resumed(status: RLJobStatus, now: datetime) -> RLJobStatus:
+    """A job that ran before (leaving Suspended) moves its clock's start by the time it did not run, before its
+    learner pods are made again: they count the wall clock from it."""
+    if status.start_time is None:
+        return status
+    moved = clock_started_at(status.running_seconds, now.timestamp())
+    return status.model_copy(update={"clock_start_time": datetime.fromtimestamp(moved, now.tzinfo)})
 
 
 def _sandbox_isolation(status: RLJobStatus, observed: Observed) -> RLJobStatus:

@@ -3,6 +3,7 @@ here; every decision is made by the pure modules (desired, apply.contains, obser
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -17,7 +18,14 @@ from kuberl.api.spec import SandboxAutoscaler
 from kuberl.api.status import TERMINAL_PHASES, Phase, Reason, RLJobStatus
 from kuberl.kube import Kube, collection_path, rljob_path
 from kuberl_operator import queueing
-from kuberl_operator.apply import applied_spec, apply_children, config_map_path, delete_children, unsafe_changes
+from kuberl_operator.apply import (
+    applied_spec,
+    apply_children,
+    config_map_path,
+    delete_children,
+    learner_clock,
+    unsafe_changes,
+)
 from kuberl_operator.autoscale import SandboxDemand, ScalerState, recommend
 from kuberl_operator.demand import StartLatency, scrape_demand
 from kuberl_operator.images import JobImages
@@ -219,7 +227,16 @@ def apply_job(
     scaled_down = job.spec.suspend or old.phase in TERMINAL_PHASES or admission(kube, job, namespace) is False
     uid = body["metadata"]["uid"]
     written = apply_children(
-        kube, job, namespace, uid, scaled_down, new=new, security=security, peers=peers, images=images
+        kube,
+        job,
+        namespace,
+        uid,
+        scaled_down,
+        new=new,
+        security=security,
+        peers=peers,
+        images=images,
+        clock_start=learner_clock(old),
     )
     return written + (scale_pools_to_zero(kube, job, namespace) if scaled_down and not new else [])
 
@@ -257,7 +274,7 @@ def drive(
         return old
     job = parse_job(body)
     for action in decision.actions:
-        _act(kube, body, job, pods, action, security, peers, images)
+        _act(kube, body, job, pods, action, learner_clock(decision.status), security, peers, images)
     if should_write(old, decision.status, observed):
         write_status(kube, body, old, decision.status)
         memory.metered_at = now
@@ -408,23 +425,30 @@ def _act(
     job: RLJob,
     pods: list[dict[str, Any]],
     action: Action,
+    clock_start: datetime | None,
     security: SandboxPodSecurity | None,
     peers: NetworkPeers | None,
     images: JobImages | None,
 ) -> None:
+    """Carry out one action. `clock_start` goes into the learner pods the action makes (learner_clock)."""
     namespace, uid = body["metadata"]["namespace"], body["metadata"]["uid"]
     collection = collection_path("v1", "Pod", namespace)
+    options = {"security": security, "peers": peers, "images": images, "clock_start": clock_start}
+    apply = functools.partial(apply_children, kube, job, namespace, uid, **options)
     if action.kind == ActionKind.SCALE_TO_ZERO:
         # the learner's preStop hook writes the final checkpoint, bounded by its termination grace period
-        apply_children(kube, job, namespace, uid, scaled_down=True, security=security, peers=peers, images=images)
+        apply(scaled_down=True)
         scale_pools_to_zero(kube, job, namespace)  # the image pools' replicas are the planner's, not applied
     elif action.kind == ActionKind.RESTART_LEARNER_GANG:
+        # the gang made from the template counts the job's wall clock from its start, not from its own (OnDelete:
+        # the template's change reaches only the pods made after it)
+        apply(scaled_down=False)
         # torch.distributed cannot replace one rank: every rank restarts and resumes from the checkpoint
         for pod in pods:
             if (pod["metadata"].get("labels") or {}).get(TIER_LABEL) == LEARNER:
                 kube.delete(f"{collection}/{pod['metadata']['name']}")
     elif action.kind == ActionKind.APPLY:
-        apply_children(kube, job, namespace, uid, scaled_down=False, security=security, peers=peers, images=images)
+        apply(scaled_down=False)
     elif action.kind == ActionKind.REPLACE_PODS:
         for name in action.pods:
             kube.delete(f"{collection}/{name}")

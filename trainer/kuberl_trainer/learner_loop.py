@@ -14,14 +14,15 @@ import json
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from kuberl.api.breakers import Progress, Stop, stop_for
+from kuberl.api import env_vars
+from kuberl.api.breakers import Progress, Stop, stop_for, wall_clock_elapsed
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import TrainingMode, TrainingSpec
 from kuberl.api.status import Phase
@@ -98,6 +99,19 @@ def learning_rate_at(step: int, training: TrainingSpec) -> float:
     return training.learning_rate * (step + 1) / training.lr_warmup_steps
 
 
+def job_clock_start(environ: Mapping[str, str], now: float) -> float:
+    """When the job's wall clock counts from: KUBERL_JOB_STARTED_AT (Unix seconds; the operator and `kuberl run`
+    set it for a job that ran before, kuberl.api.breakers.clock_started_at), else `now`: this learner starts
+    the job. Raises ValueError naming the variable when it is not a number."""
+    value = environ.get(env_vars.JOB_STARTED_AT)
+    if not value:
+        return now
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{env_vars.JOB_STARTED_AT}={value!r}: expected Unix seconds, e.g. 1767225600.5") from None
+
+
 def run_learner(
     job: RLJob,
     rollout_urls: list[str],
@@ -149,7 +163,11 @@ def run_learner(
 
     def progress() -> Progress:  # rank 0
         return Progress(
-            state.step, time.time() - started_at, consecutive_skipped, last_mismatch, driver.feed.batches_without_signal
+            state.step,
+            wall_clock_elapsed(started_at, time.time()),
+            consecutive_skipped,
+            last_mismatch,
+            driver.feed.batches_without_signal,
         )
 
     def stop_waiting() -> bool:  # rank 0: a limit reached while waiting for a batch ends the wait too

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import ValidationError
 
 from kuberl.api import env_vars
-from kuberl.api.breakers import Progress, Stop, phase_for, stop_for
+from kuberl.api.breakers import Progress, Stop, clock_started_at, phase_for, stop_for, wall_clock_elapsed
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
@@ -174,16 +174,15 @@ def run_job(
     os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
     sandboxes, rollouts, _ = local_replicas(job)
     ports = Ports([free_port() for _ in range(sandboxes)], [free_port() for _ in range(rollouts)], free_port())
-    started = time.monotonic()
-    job_started_at = time.time() - record.elapsed_s  # the learner's wall clock continues across runs
+    # the job's wall clock continues across runs: the learner and the breakers below count from this start
+    job_started_at = clock_started_at(record.elapsed_s, time.time())
     stop_requested: list[str] = []
-    elapsed_before = record.elapsed_s
     (run_dir / TARGETS_FILE).write_text(json.dumps(prometheus_targets(job, ports, metrics_port), indent=1))
     metrics = RunMetrics(job, run_dir, metrics_port) if metrics_port else None
 
     def publish(phase: Phase, supervisor: Supervisor | None = None, stop: Stop | None = None) -> None:
         if metrics is not None:
-            metrics.publish(phase, elapsed_before + time.monotonic() - started, supervisor, stop)
+            metrics.publish(phase, wall_clock_elapsed(job_started_at, time.time()), supervisor, stop)
 
     def on_signal(signum, frame) -> None:
         stop_requested.append(signal.Signals(signum).name)
@@ -220,7 +219,7 @@ def run_job(
                 f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
                 f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}"
             )
-            stop = _monitor(job, run_dir, supervisor, record, started, stop_requested, out, on_step, publish)
+            stop = _monitor(job, run_dir, supervisor, job_started_at, stop_requested, out, on_step, publish)
             publish(stop.phase, supervisor, stop)
             if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
                 out.message("evaluating the held-out tasks after RL ...")
@@ -237,7 +236,7 @@ def run_job(
             supervisor.stop_all()
             for s, handler in previous_handlers.items():
                 signal.signal(s, handler)
-            record.elapsed_s += time.monotonic() - started
+            record.elapsed_s = wall_clock_elapsed(job_started_at, time.time())
             record.restarts = dict(supervisor.restarts)
             record.preemptions = dict(supervisor.preemptions)
             record.events += supervisor.events
@@ -275,8 +274,7 @@ def _monitor(
     job: RLJob,
     run_dir: Path,
     supervisor: Supervisor,
-    record: RunRecord,
-    started: float,
+    job_started_at: float,
     stop_requested: list[str],
     out: ProgressPrinter,
     on_step,
@@ -305,7 +303,7 @@ def _monitor(
             last_progress = time.monotonic()
             step_times.append(line["step_s"])
             recent = step_times[-10:]
-            elapsed = record.elapsed_s + time.monotonic() - started
+            elapsed = wall_clock_elapsed(job_started_at, time.time())
             out.update(progress_line(line, total, elapsed, sum(recent) / len(recent)))
             if line["step"] % 10 == 0:
                 plot_learning_curve(lines, run_dir / "learning_curve.png", f"{job.name}: learning curve")
@@ -315,7 +313,7 @@ def _monitor(
         down = any(not supervisor.ready(name) for name in supervisor.managed)
         publish(Phase.RECOVERING if down else Phase.RUNNING, supervisor)
         if breaker is None:
-            elapsed = record.elapsed_s + time.monotonic() - started
+            elapsed = wall_clock_elapsed(job_started_at, time.time())
             if stop_requested:
                 breaker = Stop(Phase.STOPPED, None, f"stopped by {stop_requested[0]} after a final checkpoint")
             else:  # the job's breakers from outside, as the operator checks them (the same function)
