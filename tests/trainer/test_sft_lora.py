@@ -50,3 +50,14 @@ def test_without_lora_the_whole_model_trains(tiny, tmp_path):
     supervised_fit(tiny, examples(), out, steps=3, learning_rate=1e-2, batch_size=1)
     before, after = load_file(tiny / "model.safetensors"), load_file(out / "model.safetensors")
     assert not torch.equal(before["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+
+
+def test_micro_batches_take_the_same_steps_as_the_whole_batch(tiny, tmp_path):
+    rows = [*examples(), ([9, 8, 7, 6, 5, 4, 3, 2], [0, 0, 0, 0, 1, 1, 1, 1]), ([11, 12, 13, 14], [0, 1, 1, 1])]
+    whole = supervised_fit(tiny, rows, tmp_path / "whole", steps=3, learning_rate=1e-2, batch_size=4, seed=1)
+    split = supervised_fit(
+        tiny, rows, tmp_path / "split", steps=3, learning_rate=1e-2, batch_size=4, seed=1, micro_batch_tokens=12
+    )
+    assert split == pytest.approx(whole, rel=1e-4)
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
+    assert all(torch.allclose(a[name], b[name], atol=1e-5) for name in a)

@@ -22,13 +22,16 @@ def supervised_fit(
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
     lora: LoraSpec | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> list[float]:
     """Train next-token prediction on the masked positions of `examples`; save to `out_path`.
 
     With `lora`, only adapters of that shape train (a third less compute a step than the whole model, and
     optimizer state for about 1 % of the weights); they are merged into the base weights in float32 before
-    saving, so `out_path` is a plain model folder either way. Returns the loss of every step; `on_step(step,
-    loss)` is called after each (progress display).
+    saving, so `out_path` is a plain model folder either way. A batch runs in micro-batches of rows of similar
+    length whose padded tensor holds at most `micro_batch_tokens` (the learner's rule; None: the whole batch at
+    once), gradients accumulated: the same step in less memory and less padding. Returns the loss of every
+    step; `on_step(step, loss)` is called after each (progress display).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,20 +64,11 @@ def supervised_fit(
     model.train()
     for _ in range(steps):
         batch = [examples[rng.randrange(len(examples))] for _ in range(min(batch_size, len(examples)))]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        for row, (tokens, mask) in enumerate(batch):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
-            labels[row, : len(tokens)] = torch.where(torch.tensor(mask) == 1, torch.tensor(tokens), -100)
-        # right-padded and causal: no token sees the padding after it, so no mask (the kernel's fast path)
-        loss = model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
-        loss.backward()
+        losses.append(_accumulate_gradients(model, batch, pad, micro_batch_tokens))
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(loss.item())
         if on_step is not None:
             on_step(len(losses), losses[-1])
     if lora is not None:  # float32 weights: merging into bf16 would round the adapters' small update away
@@ -82,3 +76,37 @@ def supervised_fit(
     model.save_pretrained(out_path, safe_serialization=True)
     tokenizer.save_pretrained(out_path)
     return losses
+
+
+def _accumulate_gradients(model, batch: Sequence[tuple[list[int], list[int]]], pad: int, budget: int | None) -> float:
+    """Backpropagate the batch's mean loss over its trained tokens, one micro-batch at a time; returns it."""
+    from kuberl_trainer.step import pack_by_tokens
+
+    groups = pack_by_tokens([len(ids) for ids, _ in batch], budget)
+    padded = [_padded([batch[i] for i in group], pad) for group in groups]
+    # the model's loss is a mean over a micro-batch's predicted tokens (labels shifted by one): weighted by
+    # their count, the micro-batches add up to the whole batch's mean
+    counts = [int((labels[:, 1:] != -100).sum()) for _, labels in padded]
+    total = max(1, sum(counts))
+    loss_sum = 0.0
+    for (ids, labels), count in zip(padded, counts, strict=True):
+        if count == 0:
+            continue
+        # right-padded and causal: no token sees the padding after it, so no mask (the kernel's fast path)
+        loss = model(input_ids=ids, labels=labels).loss * (count / total)
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
+
+
+def _padded(rows: Sequence[tuple[list[int], list[int]]], pad: int):
+    """(input ids, labels: -100 where the mask is 0), right-padded to the longest row."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for row, (tokens, mask) in enumerate(rows):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        labels[row, : len(tokens)] = torch.where(torch.tensor(mask) == 1, torch.tensor(tokens), -100)
+    return ids, labels

@@ -153,6 +153,7 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
         seed=job.spec.training.seed,
         on_step=progress,
         lora=job.spec.model.lora,
+        micro_batch_tokens=_micro_batch_tokens(job, model_path),
     )
     landing = land(job, out_path, [(d.token_ids, d.loss_mask) for d in demos], tasks, environments, chat)
     losses += landing.pop("losses")
@@ -223,6 +224,7 @@ def land(
             batch_size=warmup.batch_size,
             seed=job.spec.training.seed + round_ + 1,  # another draw of batches than the round before
             lora=job.spec.model.lora,
+            micro_batch_tokens=_micro_batch_tokens(job, model_path),
         )
     if checks[-1] < rule.min_correct_edit:
         print(
@@ -231,3 +233,13 @@ def land(
             flush=True,
         )
     return {"correct_edit": checks, "extra_rounds": len(checks) - 1, "losses": losses}
+
+
+def _micro_batch_tokens(job: RLJob, model_path: str | Path) -> int:
+    """The learner's micro-batch rule (spec.learner.microBatchTokens, else the plan's budget): the warm-up runs
+    in the learner's memory."""
+    import torch
+
+    from kuberl_trainer.policy import micro_batch_tokens
+
+    return micro_batch_tokens(job.spec, str(model_path), torch.device("cpu"))
