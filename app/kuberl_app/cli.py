@@ -397,19 +397,10 @@ def run_command(
     servers ask for the run's own job token, written to RUN_DIR/job-token."""
     from pathlib import Path
 
-    from kuberl.api.types import parse_duration
-    from kuberl_app.one_machine.processes import parse_pinning
     from kuberl_app.one_machine.runner import RunError, run_job
     from kuberl_rollout.server import load_job_tasks, resolve_rewards
 
-    try:
-        linger_s = parse_duration(metrics_linger)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--metrics-linger") from None
-    try:
-        cores = parse_pinning(list(pinning), os.sched_getaffinity(0))
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--cpus") from None
+    linger_s, cores = _run_options(metrics_linger, pinning)
     job = _job_to_run(job_file, model_path)
     try:
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
@@ -418,35 +409,8 @@ def run_command(
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     model = _model_to_run(job, model_path)
-    warm_up = None
-    if job.spec.training.warmup.demonstrations:
-        import subprocess
-
-        def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
-            # a child process of its own: the fine-tuning's peak memory (about 10 GB for a 135M model) goes
-            # back to the machine before the learner and the engines start
-            argv = [sys.executable, "-m", "kuberl_app.cli", "warm-up", job_file, "--model", model_path, "--out", out]
-            env = {**os.environ, env_vars.SANDBOX_TOKEN: token, env_vars.SANDBOX_URLS: sandbox_url}
-            code = subprocess.run(argv, env=env, check=False).returncode
-            if code != 0:
-                raise RunError(f"the warm-up failed (exit {code}); its output is above")
-            return out
-
-    solve_rate = None
-    if evaluate:
-        from kuberl.suites import environment_tasks
-        from kuberl_app.one_machine.evaluate import summary_line
-        from kuberl_trainer.evaluation import evaluate as evaluate_tasks
-        from kuberl_trainer.rollout_client import RolloutClient
-
-        held_out = environment_tasks(job.spec.environment, str(job.spec.environment.tasks.eval_split))
-
-        def solve_rate(urls: list[str], job_token: str) -> float:
-            # the scorer of `kuberl evaluate`, on the job's own servers while no learner uses them
-            result = evaluate_tasks(RolloutClient(urls, job_token), held_out, seed=job.spec.training.seed)
-            click.echo(summary_line(result.summary()))
-            return result.solve_rate
-
+    warm_up = _warm_up_process(job_file) if job.spec.training.warmup.demonstrations else None
+    held_out, solve_rate = _held_out_scorer(job) if evaluate else ([], None)
     folder = Path(run_dir or f"runs/{job.name}")
     try:
         record = run_job(
@@ -456,14 +420,14 @@ def run_command(
             model,
             resume,
             warm_up=warm_up,
-            evaluate=solve_rate if evaluate and held_out else None,
+            evaluate=solve_rate if held_out else None,
             metrics_port=metrics_port,
             metrics_linger_s=linger_s,
             pinning=cores,
         )
     except RunError as err:
         raise click.UsageError(str(err)) from None
-    if evaluate and held_out and "after RL" in record.evaluations:  # not after a Ctrl-C or a failure
+    if held_out and "after RL" in record.evaluations:  # not after a Ctrl-C or a failure
         _credit_probes(folder, held_out)
     click.echo(
         f"\n{job.name}: {record.phase}"
@@ -472,6 +436,59 @@ def run_command(
     )
     if record.phase == "Failed":
         raise SystemExit(1)
+
+
+def _run_options(metrics_linger: str, pinning: tuple[str, ...]) -> tuple[float, dict[str, frozenset[int]]]:
+    """`kuberl run`'s --metrics-linger in seconds and --cpus as tier -> cores, each refused with its name."""
+    from kuberl.api.types import parse_duration
+    from kuberl_app.one_machine.processes import parse_pinning
+
+    try:
+        linger_s = parse_duration(metrics_linger)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--metrics-linger") from None
+    try:
+        return linger_s, parse_pinning(list(pinning), os.sched_getaffinity(0))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--cpus") from None
+
+
+def _warm_up_process(job_file: str):
+    """The warm-up stage of `kuberl run`: `kuberl warm-up` in a child process of its own, so the fine-tuning's
+    peak memory (about 10 GB for a 135M model) goes back to the machine before the learner and the engines
+    start."""
+    import subprocess
+
+    from kuberl.api.command_lines import cli
+    from kuberl_app.one_machine.runner import RunError
+
+    def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
+        argv = [*cli(sys.executable), "warm-up", job_file, "--model", model_path, "--out", out]
+        env = {**os.environ, env_vars.SANDBOX_TOKEN: token, env_vars.SANDBOX_URLS: sandbox_url}
+        code = subprocess.run(argv, env=env, check=False).returncode
+        if code != 0:
+            raise RunError(f"the warm-up failed (exit {code}); its output is above")
+        return out
+
+    return warm_up
+
+
+def _held_out_scorer(job):
+    """(the job's held-out tasks, the scorer of `kuberl evaluate` on the job's own servers while no learner
+    uses them)."""
+    from kuberl.suites import environment_tasks
+    from kuberl_app.one_machine.evaluate import summary_line
+    from kuberl_trainer.evaluation import evaluate as evaluate_tasks
+    from kuberl_trainer.rollout_client import RolloutClient
+
+    held_out = environment_tasks(job.spec.environment, str(job.spec.environment.tasks.eval_split))
+
+    def solve_rate(urls: list[str], job_token: str) -> float:
+        result = evaluate_tasks(RolloutClient(urls, job_token), held_out, seed=job.spec.training.seed)
+        click.echo(summary_line(result.summary()))
+        return result.solve_rate
+
+    return held_out, solve_rate
 
 
 def _refuse_job_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

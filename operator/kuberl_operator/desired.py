@@ -57,8 +57,7 @@ def desired_objects(
     outside the job the policies admit (NetworkPeers); `images`: the images and pull secrets of jobs that name
     none (JobImages; the environment's by default, as the operator's); `pool_images`: environment images whose
     sandbox pools to show, at zero pods (`kuberl render --tasks`; the operator makes and scales them at run
-    time, kuberl_operator.pool_reconcile); `clock_start`: when the job's wall clock counts from, for its learner
-    pods (status.clockStartTime; None before it first ran)."""
+    time, kuberl_operator.pool_reconcile); `clock_start`: status.clockStartTime, for the learner pods."""
     secret = sandbox_token_secret or sandbox_token_secret_name(job)
     images = images or JobImages.from_env()
     job = images.resolved(job)

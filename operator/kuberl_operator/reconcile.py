@@ -303,14 +303,8 @@ def autoscale_sandbox(
     nothing was decided). `status`: the job's status as this pass left it (`drive` may have just stopped the
     job, which `body` does not show yet); unset: body's."""
     status, job = status or current_status(body), parse_job(body)
-    if status.phase not in _LIVE_PHASES:
-        if memory.pools.images and not memory.pools_parked:
-            # a pass that read the job while it was still live may have scaled a pool after the stop took
-            # them to zero (the timer and the stop run apart): the first pass that sees it stopped parks them
-            scale_pools_to_zero(kube, job, body["metadata"]["namespace"])
-            memory.pools_parked = True
+    if not _live(kube, body, job, status, memory):
         return None
-    memory.pools_parked = False
     if memory.autoscaled_at is not None and clock - memory.autoscaled_at < interval_s:
         return None
     memory.autoscaled_at = clock
@@ -346,6 +340,19 @@ def autoscale_sandbox(
     new = status.model_copy(update=update)
     write_status(kube, body, status, new)
     return new
+
+
+def _live(kube: Kube, body: dict[str, Any], job: RLJob, status: RLJobStatus, memory: Memory) -> bool:
+    """Whether the job is live (its sandbox tiers are scaled); a stopped job's pools are parked at zero once."""
+    if status.phase in _LIVE_PHASES:
+        memory.pools_parked = False
+        return True
+    if memory.pools.images and not memory.pools_parked:
+        # a pass that read the job while it was still live may have scaled a pool after the stop took
+        # them to zero (the timer and the stop run apart): the first pass that sees it stopped parks them
+        scale_pools_to_zero(kube, job, body["metadata"]["namespace"])
+        memory.pools_parked = True
+    return False
 
 
 def _scale_default_pool(
