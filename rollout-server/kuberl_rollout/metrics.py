@@ -14,7 +14,15 @@ _TURN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 class RolloutMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._episode_metrics()
+        self._engine_metrics()
+        self._session_metrics()
+        self._weight_metrics()
+
+    def _episode_metrics(self) -> None:
+        """Episodes: tokens, sessions by image, the waits and turns, finished trajectories."""
+        r = self.registry
         self.generated_tokens = Counter("kuberl_rollout_generated_tokens_total", "Tokens sampled.", registry=r)
         self.active_sessions = ImageGauge(
             Gauge("kuberl_rollout_active_sessions", "Episodes running now, by sandbox image.", ["image"], registry=r)
@@ -55,12 +63,20 @@ class RolloutMetrics:
         )
         for reason in (*FinishReason, "cancelled"):  # from the start at 0: failure rates are 0, not absent
             self.trajectories.labels(str(reason))
+
+    def _engine_metrics(self) -> None:
+        """The vLLM engine's KV cache and queue."""
+        r = self.registry
         self.kv_cache_usage = Gauge(
             "kuberl_rollout_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use.", registry=r
         )
         self.engine_waiting = Gauge(
             "kuberl_rollout_engine_waiting_requests", "Requests waiting in vLLM's scheduler.", registry=r
         )
+
+    def _session_metrics(self) -> None:
+        """Sandbox session starts, and the OpenAI-compatible sessions' calls."""
+        r = self.registry
         self.sandbox_session_start_seconds = Histogram(
             "kuberl_rollout_sandbox_session_start_seconds",
             "Seconds to open a sandbox session for an episode.",
@@ -83,6 +99,10 @@ class RolloutMetrics:
         )
         for source in ("reused", "encoded"):
             self.session_prompt_tokens.labels(source)
+
+    def _weight_metrics(self) -> None:
+        """The served policy and its weight updates."""
+        r = self.registry
         self.policy_version = Gauge("kuberl_rollout_policy_version", "Policy version being served.", registry=r)
         self.weight_sync_seconds = Histogram(
             "kuberl_rollout_weight_sync_seconds",

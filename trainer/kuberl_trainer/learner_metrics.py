@@ -18,7 +18,13 @@ PHASES = ("wait", "train", "weight_sync", "checkpoint")
 
 class LearnerMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._gauges()
+        self._counters()
+        self._histograms()
+
+    def _gauges(self) -> None:
+        r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"kuberl_learner_{name}", doc, registry=r)
@@ -44,6 +50,9 @@ class LearnerMetrics:
         self.last_checkpoint_time = gauge(
             "checkpoint_last_timestamp_seconds", "Unix time the newest complete checkpoint was written."
         )
+
+    def _counters(self) -> None:
+        r = self.registry
         self.skipped = Counter(
             "kuberl_learner_skipped_steps_total", "Steps skipped for a non-finite loss or gradient.", registry=r
         )
@@ -71,6 +80,11 @@ class LearnerMetrics:
         self.trajectories = Counter(
             "kuberl_learner_trajectories_total", "Trajectories received, by outcome.", ["outcome"], registry=r
         )
+        for outcome in ("trained", "failed", "stale"):
+            self.trajectories.labels(outcome)
+
+    def _histograms(self) -> None:
+        r = self.registry
         self.phase_seconds = Histogram(
             "kuberl_learner_step_phase_seconds",
             "Seconds of one step by phase (wait, train, weight_sync, checkpoint).",
@@ -86,8 +100,6 @@ class LearnerMetrics:
         )
         for phase in PHASES:
             self.phase_seconds.labels(phase)
-        for outcome in ("trained", "failed", "stale"):
-            self.trajectories.labels(outcome)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)
