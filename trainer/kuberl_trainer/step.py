@@ -258,7 +258,7 @@ def train_step(
     `before_update` runs before each optimizer step (a checkpoint still copying the weights waits there, not
     before the forward). `ref_model` is a frozen copy, or the policy itself when it has LoRA adapters: the
     reference is then its base model, the adapters disabled."""
-    temperature, start = loss_config.temperature, first_scored(batch.loss_mask)
+    start = first_scored(batch.loss_mask)
     parts = torch.tensor_split(torch.arange(batch.input_ids.shape[0]), mini_batches)
     plans = [micro_batches(batch.rows(part), micro_batch_tokens) for part in parts]
     # the old log-probs: the batch's start for mini-batches; with masked importance sampling also when a
@@ -270,14 +270,8 @@ def train_step(
         "chunk_tokens": chunk_tokens,
         "scored_rows_only": True,
     }
-    old = predict(model, batch, temperature, **gradient_free).logprobs if needs_old else None
-    ref = None
-    if ref_model is not None and loss_config.kl_coef:
-        with _reference(model, ref_model):
-            ref = predict(ref_model, batch, temperature, **gradient_free).logprobs
-    report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
-    total_tokens = 0.0
-    norms = []
+    old, ref = _old_and_reference_logprobs(model, ref_model, batch, loss_config, needs_old, gradient_free)
+    results = []
     for part, plan in zip(parts, plans, strict=True):
         mini = batch.rows(part)
         old_part, ref_part = (None if x is None else x[part] for x in (old, ref))
@@ -296,6 +290,31 @@ def train_step(
             plan,
             chunk_tokens,
         )
+        results.append(result)
+    return _step_report(results)
+
+
+def _old_and_reference_logprobs(
+    model, ref_model, batch: TokenBatch, loss_config: LossConfig, needs_old: bool, gradient_free: dict
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The policy's log-probs before the step (when `needs_old`) and the reference's (with a KL term)."""
+    temperature = loss_config.temperature
+    old = predict(model, batch, temperature, **gradient_free).logprobs if needs_old else None
+    ref = None
+    if ref_model is not None and loss_config.kl_coef:
+        with _reference(model, ref_model):
+            ref = predict(ref_model, batch, temperature, **gradient_free).logprobs
+    return old, ref
+
+
+def _step_report(results: list[dict[str, float]]) -> StepReport:
+    """The mini-batches' results as one report: loss and diagnostics token-weighted, skips added, the mean
+    of the finite gradient norms."""
+    report: dict[str, float] = {"loss": 0.0, "skipped": 0.0, "grad_norm": 0.0, **dict.fromkeys(STAT_KEYS, 0.0)}
+    total_tokens = 0.0
+    norms = []
+    for result in results:
+        result = dict(result)
         tokens = result.pop("tokens")
         total_tokens += tokens
         report["skipped"] += result.pop("skipped")
@@ -336,14 +355,7 @@ def _update(
     global_tokens, global_values = all_reduce_sums([local_tokens, local_values])
     # the rank's loss is its token share of the global loss; each micro-batch adds its part of the rank's
     scale = local_tokens / max(global_tokens, 1.0) * world_size
-    totals = None
-    if old_logprobs is not None or config.off_policy != "mis":
-        totals = denominators(
-            batch.loss_mask,
-            batch.rollout_logprobs if old_logprobs is None else old_logprobs,
-            batch.rollout_logprobs,
-            config,
-        )
+    totals = _denominators(batch, old_logprobs, config)
     sums = dict.fromkeys(("share", *STAT_KEYS), 0.0)
     counts = _Counts(local_tokens, local_values, global_values, scale, world_size)
     for i, index in enumerate(plan):
@@ -379,6 +391,19 @@ def _update(
     }
     report.update(_clip_and_step(model, optimizer, max_grad_norm, before_update, math.isfinite(report["loss"])))
     return report
+
+
+def _denominators(batch: TokenBatch, old_logprobs: torch.Tensor | None, config: LossConfig):
+    """The loss's denominators over the whole mini-batch, or None where each micro-batch finds its own (masked
+    importance sampling against the rollout's log-probs, the mini-batch in one piece)."""
+    if old_logprobs is None and config.off_policy == "mis":
+        return None
+    return denominators(
+        batch.loss_mask,
+        batch.rollout_logprobs if old_logprobs is None else old_logprobs,
+        batch.rollout_logprobs,
+        config,
+    )
 
 
 def _clip_and_step(
