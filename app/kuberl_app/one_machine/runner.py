@@ -158,6 +158,78 @@ def run_job(
     metrics (RunMetrics), the final status `metrics_linger_s` longer after the job ends (for a scraper).
     `pinning` keeps tiers on cores of their own (`kuberl run --cpus`)."""
     out = out or ProgressPrinter()
+    record = _open_record(job, run_dir, resume)
+    token, job_token, sandbox_root, ports = _run_resources(job, run_dir, metrics_port)
+    # the job's wall clock continues across runs: the learner and the breakers below count from this start
+    job_started_at = clock_started_at(record.elapsed_s, time.time())
+    stop_requested: list[str] = []
+    metrics = _run_metrics(job, run_dir, metrics_port, out)
+
+    def publish(phase: Phase, supervisor: Supervisor | None = None, stop: Stop | None = None) -> None:
+        if metrics is not None:
+            metrics.publish(phase, wall_clock_elapsed(job_started_at, time.time()), supervisor, stop)
+
+    publish(Phase.INITIALIZING)
+    try:  # the metrics server stops however the run ends
+        previous_handlers = _catch_stop_signals(stop_requested)
+        if warm_up is not None:  # the rollout servers and the learner start from the warmed-up model
+            model_path = _warm_up_stage(run_dir, model_path, warm_up, out)
+        specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1, pinning)
+        supervisor = Supervisor(specs, job.spec.limits.retry_budget, log=out.message)
+        stop: Stop | None = None
+        try:
+            run = _Run(job, run_dir, record, job_token, job_started_at, stop_requested, out, publish)
+            stop = _train(run, specs, supervisor, ports, evaluate, on_step)
+        except RetryBudgetExhausted as err:
+            stop = Stop(phase_for(Reason.RETRY_BUDGET_EXHAUSTED), Reason.RETRY_BUDGET_EXHAUSTED, str(err))
+        finally:
+            if stop is not None:
+                publish(stop.phase, supervisor, stop)
+            supervisor.stop_all()
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+            _close_record(record, job, run_dir, supervisor, stop, job_started_at)
+            if metrics is not None and stop is not None:
+                publish(stop.phase, supervisor, stop)  # with the ready processes at zero
+                time.sleep(metrics_linger_s)  # the final status stays up for a last scrape
+        return record
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _run_resources(job: RLJob, run_dir: Path, metrics_port: int | None) -> tuple[str, str, Path, Ports]:
+    """(sandbox token, a new job token in RUN_DIR/job-token, the sandboxes' root, the ports) of one run; the
+    ports' Prometheus targets go to RUN_DIR/prometheus_targets.json."""
+    token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)  # set: to reach the sandboxes too
+    job_token = write_token_file(run_dir / JOB_TOKEN_FILE)
+    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir=sandbox_scratch(job)))
+    os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
+    sandboxes, rollouts, _ = local_replicas(job)
+    ports = Ports([free_port() for _ in range(sandboxes)], [free_port() for _ in range(rollouts)], free_port())
+    (run_dir / TARGETS_FILE).write_text(json.dumps(prometheus_targets(job, ports, metrics_port), indent=1))
+    return token, job_token, sandbox_root, ports
+
+
+def _catch_stop_signals(received: list[str]) -> dict:
+    """SIGINT and SIGTERM noted in `received` (the monitor stops the job on them); returns the handlers before."""
+
+    def on_signal(signum, frame) -> None:
+        received.append(signal.Signals(signum).name)
+
+    return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _run_metrics(job: RLJob, run_dir: Path, metrics_port: int | None, out: ProgressPrinter) -> RunMetrics | None:
+    """The job-level metrics server of `kuberl run --metrics-port`, said where; None without a port."""
+    if not metrics_port:
+        return None
+    out.message(f"job metrics on http://127.0.0.1:{metrics_port}/metrics (every endpoint: {TARGETS_FILE})")
+    return RunMetrics(job, run_dir, metrics_port)
+
+
+def _open_record(job: RLJob, run_dir: Path, resume: bool) -> RunRecord:
+    """The job's record for this run: a new one, or with `resume` the previous runs' (refused without it)."""
     record_file = run_dir / "job.json"
     if (record_file.exists() or (run_dir / "metrics.jsonl").exists()) and not resume:
         raise RunError(
@@ -167,94 +239,85 @@ def run_job(
     run_dir.mkdir(parents=True, exist_ok=True)
     record = RunRecord.load(record_file) if record_file.exists() else RunRecord(job.name)
     record.runs += 1
-    spec = job.spec
-    token = os.environ.get(env_vars.SANDBOX_TOKEN) or secrets.token_hex(16)  # set: to reach the sandboxes too
-    job_token = write_token_file(run_dir / JOB_TOKEN_FILE)
-    sandbox_root = Path(tempfile.mkdtemp(prefix=f"kuberl-run-{job.name}-", dir=sandbox_scratch(job)))
-    os.chmod(sandbox_root, 0o711)  # session users (their own uids) must reach their workspaces
-    sandboxes, rollouts, _ = local_replicas(job)
-    ports = Ports([free_port() for _ in range(sandboxes)], [free_port() for _ in range(rollouts)], free_port())
-    # the job's wall clock continues across runs: the learner and the breakers below count from this start
-    job_started_at = clock_started_at(record.elapsed_s, time.time())
-    stop_requested: list[str] = []
-    (run_dir / TARGETS_FILE).write_text(json.dumps(prometheus_targets(job, ports, metrics_port), indent=1))
-    metrics = RunMetrics(job, run_dir, metrics_port) if metrics_port else None
+    return record
 
-    def publish(phase: Phase, supervisor: Supervisor | None = None, stop: Stop | None = None) -> None:
-        if metrics is not None:
-            metrics.publish(phase, wall_clock_elapsed(job_started_at, time.time()), supervisor, stop)
 
-    def on_signal(signum, frame) -> None:
-        stop_requested.append(signal.Signals(signum).name)
+def _close_record(
+    record: RunRecord, job: RLJob, run_dir: Path, supervisor: Supervisor, stop: Stop | None, job_started_at: float
+) -> None:
+    """The run's outcome into RUN_DIR/job.json, and the learning curve with the evaluations."""
+    record.elapsed_s = wall_clock_elapsed(job_started_at, time.time())
+    record.restarts = dict(supervisor.restarts)
+    record.preemptions = dict(supervisor.preemptions)
+    record.events += supervisor.events
+    if stop is not None:
+        record.phase, record.message = str(stop.phase), stop.message
+        record.reason = str(stop.reason) if stop.reason else None
+    record.step = _learner_status(run_dir).get("step", record.step)
+    record.save(run_dir / "job.json")
+    plot_learning_curve(
+        _lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve", record.evaluations
+    )
 
-    if metrics is not None:
-        out.message(f"job metrics on http://127.0.0.1:{metrics_port}/metrics (every endpoint: {TARGETS_FILE})")
-    publish(Phase.INITIALIZING)
-    try:  # the metrics server stops however the run ends
-        previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        if warm_up is not None:  # the rollout servers and the learner start from the warmed-up model
-            model_path = _warm_up_stage(run_dir, model_path, warm_up, out)
-        specs = plan(job, job_file, run_dir, model_path, ports, token, sandbox_root, os.cpu_count() or 1, pinning)
-        supervisor = Supervisor(specs, spec.limits.retry_budget, log=out.message)
-        stop: Stop | None = None
-        try:
-            for s in specs:
-                if s.tier == "sandbox":
-                    supervisor.start(s.name)
-                    publish(Phase.INITIALIZING, supervisor)
-            for s in specs:
-                if s.tier == "rollout":
-                    out.message(f"starting {s.name} (vLLM; about 20 seconds on CPU)")
-                    supervisor.start(s.name)
-                    publish(Phase.INITIALIZING, supervisor)
-            urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
-            if evaluate is not None and "before RL" not in record.evaluations:
-                out.message("evaluating the held-out tasks before RL ...")
-                record.evaluations["before RL"] = evaluate(urls, job_token)
-                out.message(f"held-out solve rate before RL: {record.evaluations['before RL']:.2f}")
-            learner = next(s for s in specs if s.tier == "learner")
-            learner.env[env_vars.JOB_STARTED_AT] = str(job_started_at)
-            supervisor.start(learner.name)
-            out.message(
-                f"training: metrics in {run_dir / 'metrics.jsonl'} and on "
-                f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run_dir / 'logs'}"
-            )
-            stop = _monitor(job, run_dir, supervisor, job_started_at, stop_requested, out, on_step, publish)
-            publish(stop.phase, supervisor, stop)
-            if evaluate is not None and stop.phase != Phase.FAILED and not stop_requested:
-                out.message("evaluating the held-out tasks after RL ...")
-                record.evaluations["after RL"] = evaluate(urls, job_token)
-                out.message(
-                    f"held-out solve rate after RL: {record.evaluations['after RL']:.2f} "
-                    f"(before RL: {record.evaluations.get('before RL', float('nan')):.2f})"
-                )
-        except RetryBudgetExhausted as err:
-            stop = Stop(phase_for(Reason.RETRY_BUDGET_EXHAUSTED), Reason.RETRY_BUDGET_EXHAUSTED, str(err))
-        finally:
-            if stop is not None:
-                publish(stop.phase, supervisor, stop)
-            supervisor.stop_all()
-            for s, handler in previous_handlers.items():
-                signal.signal(s, handler)
-            record.elapsed_s = wall_clock_elapsed(job_started_at, time.time())
-            record.restarts = dict(supervisor.restarts)
-            record.preemptions = dict(supervisor.preemptions)
-            record.events += supervisor.events
-            if stop is not None:
-                record.phase, record.message = str(stop.phase), stop.message
-                record.reason = str(stop.reason) if stop.reason else None
-            record.step = _learner_status(run_dir).get("step", record.step)
-            record.save(record_file)
-            plot_learning_curve(
-                _lines(run_dir), run_dir / "learning_curve.png", f"{job.name}: learning curve", record.evaluations
-            )
-            if metrics is not None and stop is not None:
-                publish(stop.phase, supervisor, stop)  # with the ready processes at zero
-                time.sleep(metrics_linger_s)  # the final status stays up for a last scrape
-        return record
-    finally:
-        if metrics is not None:
-            metrics.close()
+
+@dataclass(frozen=True)
+class _Run:
+    """What the stages of one run share."""
+
+    job: RLJob
+    run_dir: Path
+    record: RunRecord
+    job_token: str
+    job_started_at: float  # the job's wall clock counts from it (kuberl.api.breakers.clock_started_at)
+    stop_requested: list[str]  # the signals received, in order
+    out: ProgressPrinter
+    publish: Callable[..., None]  # publish(phase, supervisor, stop): the job's status to its metrics
+
+
+def _train(
+    run: _Run,
+    specs: list,
+    supervisor: Supervisor,
+    ports: Ports,
+    evaluate: Callable[[list[str], str], float] | None,
+    on_step: Callable[[dict, Supervisor], None] | None,
+) -> Stop:
+    """Sandboxes, then rollout servers, then (after the evaluation before RL) the learner, watched until it
+    stops; then the evaluation after RL. Returns why the job stopped."""
+    for tier in ("sandbox", "rollout"):
+        for s in (s for s in specs if s.tier == tier):
+            if tier == "rollout":
+                run.out.message(f"starting {s.name} (vLLM; about 20 seconds on CPU)")
+            supervisor.start(s.name)
+            run.publish(Phase.INITIALIZING, supervisor)
+    urls = [f"http://127.0.0.1:{p}" for p in ports.rollouts]
+    if evaluate is not None and "before RL" not in run.record.evaluations:
+        _evaluation(run, "before RL", lambda: evaluate(urls, run.job_token))
+    learner = next(s for s in specs if s.tier == "learner")
+    learner.env[env_vars.JOB_STARTED_AT] = str(run.job_started_at)
+    supervisor.start(learner.name)
+    run.out.message(
+        f"training: metrics in {run.run_dir / 'metrics.jsonl'} and on "
+        f"http://127.0.0.1:{ports.learner_metrics}/metrics, logs in {run.run_dir / 'logs'}"
+    )
+    stop = _monitor(
+        run.job, run.run_dir, supervisor, run.job_started_at, run.stop_requested, run.out, on_step, run.publish
+    )
+    run.publish(stop.phase, supervisor, stop)
+    if evaluate is not None and stop.phase != Phase.FAILED and not run.stop_requested:
+        _evaluation(run, "after RL", lambda: evaluate(urls, run.job_token))
+    return stop
+
+
+def _evaluation(run: _Run, when: str, solve_rate: Callable[[], float]) -> None:
+    """The held-out solve rate `when` ("before RL", "after RL") into the record."""
+    run.out.message(f"evaluating the held-out tasks {when} ...")
+    run.record.evaluations[when] = solve_rate()
+    before = run.record.evaluations.get("before RL", float("nan"))
+    run.out.message(
+        f"held-out solve rate {when}: {run.record.evaluations[when]:.2f}"
+        + (f" (before RL: {before:.2f})" if when == "after RL" else "")
+    )
 
 
 def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter) -> str:
