@@ -94,65 +94,95 @@ async def run_command(
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,  # its own process group, killed as one
     )
-    kept = bytearray()
-    truncated = timed_out = False
-    deadline = started + limits.timeout_s
-
-    overflow = asyncio.Event()
-
-    async def pump() -> None:
-        nonlocal truncated
-        assert proc.stdout is not None
-        while chunk := await proc.stdout.read(_READ_CHUNK):
-            room = limits.output_bytes - len(kept)
-            if len(chunk) > room:
-                # Keep what fits, have the command killed, and read on (discarding) until the pipe
-                # closes: a paused pipe would never report its end and the process never be waited for.
-                kept.extend(chunk[: max(room, 0)])
-                truncated = True
-                overflow.set()
-            else:
-                kept.extend(chunk)
-
-    reader, exited = asyncio.create_task(pump()), asyncio.create_task(_process_exit(proc))
-    overflowed = asyncio.create_task(overflow.wait())
+    output = _Output(limits.output_bytes)
+    assert proc.stdout is not None
+    reader, exited = asyncio.create_task(output.pump(proc.stdout)), asyncio.create_task(_process_exit(proc))
+    overflowed = asyncio.create_task(output.overflow.wait())
+    timed_out = False
     try:
-        await asyncio.wait({reader, exited, overflowed}, timeout=limits.timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        if exited.done() and not reader.done() and not truncated:
-            # The shell is gone but something it started still holds the pipe: read what is already
-            # there; the leftovers are killed below (they must not outlive the command).
-            await asyncio.wait(
-                {reader, overflowed},
-                timeout=min(_DRAIN_GRACE_S, max(0.0, deadline - time.monotonic())),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        elif reader.done() and not truncated:
-            await asyncio.wait({exited}, timeout=max(0.0, deadline - time.monotonic()))
-        timed_out = not exited.done() and not truncated
+        timed_out = await _wait_for_end(reader, exited, overflowed, output, limits.timeout_s, started)
     finally:
-        if not exited.done():
-            await _stop(proc, identity, exited)
-        if not identity.isolated:
-            _kill_group(proc.pid)  # background leftovers of the process group
-        await proc.wait()  # returns once the process is reaped and its pipe closed
-        for task in (exited, overflowed):
-            task.cancel()
-        if not reader.done():
-            reader.cancel()
-        await asyncio.gather(reader, exited, overflowed, return_exceptions=True)
-    killed = timed_out or truncated or proc.returncode is None or proc.returncode < 0
-    output = kept.decode("utf-8", errors="replace")
+        await _reap(proc, identity, reader, exited, overflowed)
+    killed = timed_out or output.truncated or proc.returncode is None or proc.returncode < 0
+    text = output.kept.decode("utf-8", errors="replace")
     if killed and identity.isolated:
         # unshare reports its child's death on the same pipe; that line is ours, not the command's (the
         # mount script and setpriv have exec'd into the command by then, or print only when they fail)
-        output = "".join(line for line in output.splitlines(keepends=True) if not line.startswith("unshare: "))
+        text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("unshare: "))
     return CommandResult(
         exit_code=None if killed else proc.returncode,
-        output=output,
-        truncated=truncated,
+        output=text,
+        truncated=output.truncated,
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
     )
+
+
+class _Output:
+    """A command's output up to `cap` bytes; `overflow` is set once it produced more (it is then killed)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = bytearray()
+        self.truncated = False
+        self.overflow = asyncio.Event()
+
+    async def pump(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(_READ_CHUNK):
+            room = self.cap - len(self.kept)
+            if len(chunk) > room:
+                # Keep what fits, have the command killed, and read on (discarding) until the pipe
+                # closes: a paused pipe would never report its end and the process never be waited for.
+                self.kept.extend(chunk[: max(room, 0)])
+                self.truncated = True
+                self.overflow.set()
+            else:
+                self.kept.extend(chunk)
+
+
+async def _wait_for_end(
+    reader: asyncio.Task,
+    exited: asyncio.Task,
+    overflowed: asyncio.Task,
+    output: _Output,
+    timeout_s: float,
+    started: float,
+) -> bool:
+    """Wait until the command ends, overflows its output or runs out of time (`timeout_s` after `started`);
+    returns whether it timed out."""
+    deadline = started + timeout_s
+    await asyncio.wait({reader, exited, overflowed}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if exited.done() and not reader.done() and not output.truncated:
+        # The shell is gone but something it started still holds the pipe: read what is already
+        # there; the leftovers are killed below (they must not outlive the command).
+        await asyncio.wait(
+            {reader, overflowed},
+            timeout=min(_DRAIN_GRACE_S, max(0.0, deadline - time.monotonic())),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    elif reader.done() and not output.truncated:
+        await asyncio.wait({exited}, timeout=max(0.0, deadline - time.monotonic()))
+    return not exited.done() and not output.truncated
+
+
+async def _reap(
+    proc: asyncio.subprocess.Process,
+    identity: Identity,
+    reader: asyncio.Task,
+    exited: asyncio.Task,
+    overflowed: asyncio.Task,
+) -> None:
+    """Stop what is still running of the command, wait for it, and end the tasks that watched it."""
+    if not exited.done():
+        await _stop(proc, identity, exited)
+    if not identity.isolated:
+        _kill_group(proc.pid)  # background leftovers of the process group
+    await proc.wait()  # returns once the process is reaped and its pipe closed
+    for task in (exited, overflowed):
+        task.cancel()
+    if not reader.done():
+        reader.cancel()
+    await asyncio.gather(reader, exited, overflowed, return_exceptions=True)
 
 
 def command_argv(command: str, identity: Identity, limits: CommandLimits, cwd: str = "/") -> list[str]:
