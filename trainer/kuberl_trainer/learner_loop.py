@@ -15,16 +15,17 @@ import math
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kuberl.api import env_vars
 from kuberl.api.breakers import Progress, Stop, stop_for, wall_clock_elapsed
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import TrainingMode, TrainingSpec
+from kuberl.api.spec import RLJobSpec, TrainingMode, TrainingSpec
 from kuberl.api.status import Phase
 from kuberl_trainer.adapters import trainable_parameters
 from kuberl_trainer.algorithms.losses import LossConfig
@@ -124,18 +125,80 @@ def run_learner(
     job_started_at: float | None = None,
 ) -> list[dict]:
     """Train until a stop; returns the metrics of every step this process trained. `job_token` is what the
-    rollout servers ask for (`kuberl.tokens`)."""
+    rollout servers ask for (`kuberl.tokens`); `job_started_at` is when the job's wall clock counts from
+    (job_clock_start; unset: now)."""
+    learner = _start(job, rollout_urls, model_path, run_dir, task_ids, job_token, metrics_port, job_started_at)
+    history: list[dict] = []
+    while (stop := _next_stop(learner)) is None:
+        line = _one_step(learner, log)
+        if line is not None:
+            history.append(line)
+    _finish(learner, stop, model_path, run_dir, log)
+    return history
+
+
+@dataclass
+class _Learner:
+    """One learner process's training: what every rank holds, rank 0's driver, and the counters of the
+    breakers."""
+
+    spec: RLJobSpec
+    run_dir: Path
+    rank: int
+    world: int
+    device: torch.device
+    model: Any
+    reference: Any
+    optimizer: torch.optim.Optimizer
+    micro_tokens: int | None
+    store: CheckpointStore
+    checkpointer: Checkpointer
+    state: TrainingState
+    driver: Driver | None
+    loss_config: LossConfig
+    started_at: float  # the job's wall clock counts from it
+    stop_signal: StopSignal
+    saved_step: int = 0
+    saved_at: float = field(default_factory=time.monotonic)
+    consecutive_skipped: int = 0
+    last_mismatch: float = 0.0
+
+    def progress(self) -> Progress:  # rank 0
+        assert self.driver is not None
+        return Progress(
+            self.state.step,
+            wall_clock_elapsed(self.started_at, time.time()),
+            self.consecutive_skipped,
+            self.last_mismatch,
+            self.driver.feed.batches_without_signal,
+        )
+
+    def stop_waiting(self) -> bool:  # rank 0: a limit reached while waiting for a batch ends the wait too
+        stopped = self.stop_signal.requested or stop_for(self.spec, self.progress()) is not None
+        return stopped or _no_usable_images(self.driver) is not None
+
+
+def _start(
+    job: RLJob,
+    rollout_urls: list[str],
+    model_path: str,
+    run_dir: Path,
+    task_ids: list[str],
+    job_token: str,
+    metrics_port: int | None,
+    job_started_at: float | None,
+) -> _Learner:
+    """The policy (and reference, optimizer) restored from the newest checkpoint, rank 0's driver, and the
+    weights published under a version newer than any the servers hold."""
     spec = job.spec
     rank, world, device = init_distributed()
     torch.manual_seed(spec.training.seed)
-    ppo = uses_value_head(spec.algorithm)
-    lora = spec.model.lora
+    ppo, lora = uses_value_head(spec.algorithm), spec.model.lora
     model = load_policy(model_path, spec.learner.fsdp, device, value_head=ppo, lora=lora)
     reference = _reference(spec, model_path, device, model)
     optimizer = torch.optim.AdamW(
         trainable_parameters(model), lr=spec.training.learning_rate, weight_decay=spec.training.weight_decay
     )
-    micro_tokens = micro_batch_tokens(spec, model_path, device)
     store = CheckpointStore(checkpoint_uri(job, run_dir), spec.checkpoint.endpoint_url)
     checkpointer = Checkpointer(store, run_dir / "staging", keep=spec.checkpoint.keep, rank=rank)
     state = checkpointer.restore(model, optimizer) or TrainingState(step=0, policy_version=0)
@@ -151,132 +214,148 @@ def run_learner(
     if broadcast_object(state.step > 0 or served > state.policy_version):
         state.policy_version = broadcast_object(max(served, state.policy_version) + 1)
         _publish(model, driver, state.policy_version)
+    return _Learner(
+        spec=spec,
+        run_dir=run_dir,
+        rank=rank,
+        world=world,
+        device=device,
+        model=model,
+        reference=reference,
+        optimizer=optimizer,
+        micro_tokens=micro_batch_tokens(spec, model_path, device),
+        store=store,
+        checkpointer=checkpointer,
+        state=state,
+        driver=driver,
+        loss_config=loss_config_for(job),
+        started_at=started_at,
+        stop_signal=stop_signal,
+        saved_step=state.step,
+    )
 
-    loss_config = loss_config_for(job)
-    # chaos hook for the breaker tests: from this step on, every loss is NaN
-    mini_batches = spec.training.mini_batches
-    history: list[dict] = []
-    saved_step, saved_at = state.step, time.monotonic()
-    consecutive_skipped = 0
-    last_mismatch = 0.0
-    stop: Stop | None = None
 
-    def progress() -> Progress:  # rank 0
-        return Progress(
-            state.step,
-            wall_clock_elapsed(started_at, time.time()),
-            consecutive_skipped,
-            last_mismatch,
-            driver.feed.batches_without_signal,
-        )
+def _next_stop(learner: _Learner) -> Stop | None:
+    """Rank 0's breakers, an unusable task set, or a signal to any rank (a node drain, a preemption stops the
+    whole gang with a final checkpoint), the same on every rank; None: train on."""
+    signalled = all_reduce_sums([float(learner.stop_signal.requested)])[0] > 0
+    stop = None
+    if learner.rank == 0:
+        stop = stop_for(learner.spec, learner.progress()) or _no_usable_images(learner.driver)
+        stop = stop or (_signalled() if signalled else None)
+    return broadcast_object(stop)
 
-    def stop_waiting() -> bool:  # rank 0: a limit reached while waiting for a batch ends the wait too
-        return stop_signal.requested or stop_for(spec, progress()) is not None or _no_usable_images(driver) is not None
 
-    while True:
-        # a SIGTERM to any rank's pod (a node drain, a preemption) stops the whole gang with a final checkpoint
-        signalled = all_reduce_sums([float(stop_signal.requested)])[0] > 0
-        if rank == 0:
-            stop = stop_for(spec, progress()) or _no_usable_images(driver) or (_signalled() if signalled else None)
-        stop = broadcast_object(stop)
-        if stop is not None:
-            break
-        began = time.monotonic()
-        batch: Batch | None = None
+def _one_step(learner: _Learner, log: Callable[[dict], None]) -> dict | None:
+    """Wait for a batch, train on it, publish the weights, checkpoint when due; rank 0's metrics line (None on
+    other ranks, or when no step was trained)."""
+    driver, state = learner.driver, learner.state
+    began = time.monotonic()
+    batch: Batch | None = None
+    if driver:
+        batch = driver.feed.next_batch(state.policy_version, stop=learner.stop_waiting)
+    batch = broadcast_object(batch)
+    if batch is None:
+        return None  # a stop was requested while waiting: the next check ends the loop
+    if not batch.trajectories:  # every episode of every group failed, even when run again
         if driver:
-            batch = driver.feed.next_batch(state.policy_version, stop=stop_waiting)
-        batch = broadcast_object(batch)
-        if batch is None:
-            continue  # a stop was requested while waiting: the check above ends the loop
-        if not batch.trajectories:  # every episode of every group failed, even when run again
-            if driver:
-                log({"skipped_batch": True, "failed": batch.failed, "step": state.step})
-            continue
-        waited = time.monotonic() - began
+            log({"skipped_batch": True, "failed": batch.failed, "step": state.step})
+        return None
+    waited = time.monotonic() - began
+    trained = time.monotonic()
+    collated, report = _train_on(learner, batch)
+    trained = time.monotonic() - trained
+    synced = time.monotonic()
+    _publish(learner.model, driver, state.policy_version)
+    synced = time.monotonic() - synced
+    checkpointed = time.monotonic()
+    _checkpoint_when_due(learner)
+    checkpointed = time.monotonic() - checkpointed
+    if not driver:
+        return None
+    total = time.monotonic() - began
+    line = _step_line(state, batch, collated, report, waited, trained, synced, checkpointed, total)
+    _record(driver, line, report, collated, batch, learner.checkpointer, learner.store.uri, learner.run_dir)
+    log(line)
+    return line
 
-        trained = time.monotonic()
-        collated = collate(batch.trajectories, pad_id=0)
-        if not ppo:
-            collated.batch.advantages = group_advantages(collated, spec.algorithm)
-        for group in optimizer.param_groups:  # from the step, not a scheduler's state: a resumed run agrees
-            group["lr"] = learning_rate_at(state.step, spec.training)
-        part = shard(collated, rank, world, multiple=mini_batches)
-        tokens = part.batch
-        if ppo:
-            values = predict(model, tokens.to(device), loss_config.temperature, micro_batch_tokens=micro_tokens)
-            values = values.values.cpu()
-            tokens = with_gae(part, values, spec.algorithm)
-        report = train_step(
-            model,
-            optimizer,
-            tokens.to(device),
-            loss_config,
-            spec.training.max_grad_norm,
-            world,
-            mini_batches,
-            reference,
-            spec.algorithm.value_coef,
-            before_update=checkpointer.ready_for_update,
-            micro_batch_tokens=micro_tokens,
-        )
-        trained = time.monotonic() - trained
-        state.step += 1
-        state.policy_version += 1
-        consecutive_skipped = consecutive_skipped + 1 if report.skipped else 0
-        last_mismatch = report.mismatch_kl
 
-        synced = time.monotonic()
-        _publish(model, driver, state.policy_version)
-        synced = time.monotonic() - synced
+def _train_on(learner: _Learner, batch: Batch):
+    """One optimizer step on `batch` (this rank's shard): advantages, the learning rate of the step, values
+    and GAE with a value head; the step and policy version move on. Returns (the collated batch, the report)."""
+    spec, state, device = learner.spec, learner.state, learner.device
+    ppo = uses_value_head(spec.algorithm)
+    collated = collate(batch.trajectories, pad_id=0)
+    if not ppo:
+        collated.batch.advantages = group_advantages(collated, spec.algorithm)
+    for group in learner.optimizer.param_groups:  # from the step, not a scheduler's state: a resumed run agrees
+        group["lr"] = learning_rate_at(state.step, spec.training)
+    part = shard(collated, learner.rank, learner.world, multiple=spec.training.mini_batches)
+    tokens = part.batch
+    if ppo:
+        temperature = learner.loss_config.temperature
+        values = predict(learner.model, tokens.to(device), temperature, micro_batch_tokens=learner.micro_tokens)
+        tokens = with_gae(part, values.values.cpu(), spec.algorithm)
+    report = train_step(
+        learner.model,
+        learner.optimizer,
+        tokens.to(device),
+        learner.loss_config,
+        spec.training.max_grad_norm,
+        learner.world,
+        spec.training.mini_batches,
+        learner.reference,
+        spec.algorithm.value_coef,
+        before_update=learner.checkpointer.ready_for_update,
+        micro_batch_tokens=learner.micro_tokens,
+    )
+    state.step += 1
+    state.policy_version += 1
+    learner.consecutive_skipped = learner.consecutive_skipped + 1 if report.skipped else 0
+    learner.last_mismatch = report.mismatch_kl
+    return collated, report
 
-        checkpointed = time.monotonic()
-        due = state.step - saved_step >= spec.checkpoint.interval_steps or (
-            time.monotonic() - saved_at >= 60 * spec.checkpoint.interval_minutes
-        )
-        if broadcast_object(due):
-            _checkpoint(checkpointer, model, optimizer, state, driver)
-            saved_step, saved_at = state.step, time.monotonic()
-        checkpointed = time.monotonic() - checkpointed
 
-        if driver:
-            line = _step_line(
-                state, batch, collated, report, waited, trained, synced, checkpointed, time.monotonic() - began
-            )
-            _record(driver, line, report, collated, batch, checkpointer, store.uri, run_dir)
-            history.append(line)
-            log(line)
+def _checkpoint_when_due(learner: _Learner) -> None:
+    """A checkpoint every checkpoint.intervalSteps steps or intervalMinutes minutes, whichever comes first."""
+    spec, state = learner.spec, learner.state
+    due = state.step - learner.saved_step >= spec.checkpoint.interval_steps or (
+        time.monotonic() - learner.saved_at >= 60 * spec.checkpoint.interval_minutes
+    )
+    if broadcast_object(due):
+        _checkpoint(learner.checkpointer, learner.model, learner.optimizer, state, learner.driver)
+        learner.saved_step, learner.saved_at = state.step, time.monotonic()
 
-    if state.step > saved_step:
-        _checkpoint(checkpointer, model, optimizer, state, driver)
+
+def _finish(learner: _Learner, stop: Stop, model_path: str, run_dir: Path, log: Callable[[dict], None]) -> None:
+    """A final checkpoint, the trained policy exported (to S3 with the checkpoints), and rank 0's final status."""
+    state, driver, checkpointer = learner.state, learner.driver, learner.checkpointer
+    if state.step > learner.saved_step:
+        _checkpoint(checkpointer, learner.model, learner.optimizer, state, driver)
     checkpointer.wait()
     # the trained policy as a Hugging Face folder (what users load or serve; the checkpoint is for resuming)
-    exported = export_policy(model, model_path, run_dir / "policy", rank, lora)
-    if driver and exported is not None and store.uri.startswith("s3://"):
-        exported = store.upload_export(exported)  # the run folder is lost with the pod
-    if driver:
-        driver.publisher.wait()
-        if checkpointer.last_complete:
-            complete = checkpointer.last_complete
-            driver.status.checkpoint(complete.step, store.uri, complete.time)
-        assert stop is not None
-        driver.status.finish(
-            phase=stop.phase,
-            reason=stop.reason,
-            message=stop.message,
-            step=state.step,
-            policy_version=state.policy_version,
-        )
-        log(
-            {
-                "stopped": str(stop.reason or "signal"),
-                "phase": str(stop.phase),
-                "message": stop.message,
-                "step": state.step,
-                "policy": str(exported),
-            }
-        )
-        driver.client.close()
-    return history
+    exported = export_policy(learner.model, model_path, run_dir / "policy", learner.rank, learner.spec.model.lora)
+    if driver and exported is not None and learner.store.uri.startswith("s3://"):
+        exported = learner.store.upload_export(exported)  # the run folder is lost with the pod
+    if not driver:
+        return
+    driver.publisher.wait()
+    if checkpointer.last_complete:
+        complete = checkpointer.last_complete
+        driver.status.checkpoint(complete.step, learner.store.uri, complete.time)
+    driver.status.finish(
+        phase=stop.phase, reason=stop.reason, message=stop.message, step=state.step, policy_version=state.policy_version
+    )
+    log(
+        {
+            "stopped": str(stop.reason or "signal"),
+            "phase": str(stop.phase),
+            "message": stop.message,
+            "step": state.step,
+            "policy": str(exported),
+        }
+    )
+    driver.client.close()
 
 
 def checkpoint_uri(job: RLJob, run_dir: Path) -> str:
