@@ -131,15 +131,8 @@ def pretrain_copying(
         for step in range(1, stage.steps + 1):
             for group in optimizer.param_groups:
                 group["lr"] = stage.learning_rate * min(1.0, (done + 1) / WARMUP_STEPS)
-            replay = stage.replay and step % 2 == 0
-            drawn = head if replay else stage
-            length = int(torch.randint(drawn.min_length, drawn.max_length + 1, (1,), generator=generator))
-            ids, labels = copy_batch(generator, drawn.batch_size, length, ranking[: drawn.vocabulary or available])
-            loss = model(input_ids=ids, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            drawn = head if stage.replay and step % 2 == 0 else stage
+            loss = _copy_step(model, optimizer, generator, drawn, ranking[: drawn.vocabulary or available])
             done += 1
             if (step % 50 == 0 or step == stage.steps) and on_progress is not None:
                 on_progress(index, step, loss.item(), probe(vocabulary))
@@ -156,3 +149,17 @@ def pretrain_copying(
     record = {"curriculum": [asdict(s) for s in curriculum], "accuracies": accuracies, "head_accuracy": kept}
     (path / RECORD).write_text(json.dumps(record))
     return accuracies
+
+
+def _copy_step(model, optimizer, generator, stage: CopyStage, tokens):
+    """One optimizer step on a batch of `stage`'s copy sequences drawn from `tokens`; returns its loss."""
+    import torch
+
+    length = int(torch.randint(stage.min_length, stage.max_length + 1, (1,), generator=generator))
+    ids, labels = copy_batch(generator, stage.batch_size, length, tokens)
+    loss = model(input_ids=ids, labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
