@@ -48,17 +48,7 @@ def supervised_fit(
         model = get_peft_model(model, peft_config(lora))
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
-    # a short linear warm-up, then cosine decay to a tenth: the last steps polish instead of jumping around,
-    # which is what exact copying (a file name, an expression) needs
-    warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: (
-            (s + 1) / warmup
-            if s < warmup
-            else 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
-        ),
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_then_cosine(steps))
     pad = tokenizer.pad_token_id or 0
     losses = []
     model.train()
@@ -76,6 +66,19 @@ def supervised_fit(
     model.save_pretrained(out_path, safe_serialization=True)
     tokenizer.save_pretrained(out_path)
     return losses
+
+
+def _warmup_then_cosine(steps: int) -> Callable[[int], float]:
+    """A short linear warm-up, then cosine decay to a tenth: the last steps polish instead of jumping around,
+    which is what exact copying (a file name, an expression) needs."""
+    warmup = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    return factor
 
 
 def _accumulate_gradients(model, batch: Sequence[tuple[list[int], list[int]]], pad: int, budget: int | None) -> float:

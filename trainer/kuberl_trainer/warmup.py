@@ -98,6 +98,54 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
     started = time.monotonic()
     tasks = environment_tasks(env, str(env.tasks.split))
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
+    demos = _play_demonstrations(job, tasks, environments, chat)
+    longest = max(len(d.token_ids) for d in demos)
+    demo_seconds = time.monotonic() - started
+    print(
+        f"warm-up: {len(demos)} demonstrations in {demo_seconds:.1f}s (longest {longest} tokens); "
+        f"fine-tuning for {warmup.steps} steps",
+        flush=True,
+    )
+    fit_started = time.monotonic()
+    examples = [(d.token_ids, d.loss_mask) for d in demos]
+    losses = supervised_fit(
+        model_path,
+        examples,
+        out_path,
+        steps=warmup.steps,
+        learning_rate=warmup.learning_rate,
+        batch_size=warmup.batch_size,
+        seed=job.spec.training.seed,
+        on_step=_progress_printer(warmup.steps, fit_started),
+        lora=job.spec.model.lora,
+        micro_batch_tokens=_micro_batch_tokens(job, model_path),
+    )
+    landing = land(job, out_path, examples, tasks, environments, chat)
+    losses += landing.pop("losses")
+    tail = losses[-10:]
+    stats = {
+        "demonstrations": len(demos),
+        "tokens": sum(len(d.token_ids) for d in demos),
+        "max_tokens": longest,
+        "steps": len(losses),
+        "first_loss": round(losses[0], 4),
+        "final_loss": round(sum(tail) / len(tail), 4),  # the mean of the last steps: one batch is noisy
+        **landing,
+        "demo_seconds": round(demo_seconds, 1),
+        "fit_seconds": round(time.monotonic() - fit_started, 1),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(
+        f"warm-up: done, loss {stats['first_loss']} -> {stats['final_loss']} in {stats['seconds']}s; "
+        f"model saved to {out_path}",
+        flush=True,
+    )
+    return stats
+
+
+def _play_demonstrations(job: RLJob, tasks: Sequence[Task], environments: Callable[[], Environments], chat) -> list:
+    """The scripted demonstrations of spec.training.warmup, every one played to its submit."""
+    warmup, env = job.spec.training.warmup, job.spec.environment
     print(
         f"warm-up: playing {warmup.demonstrations} demonstrations on {len(tasks)} {env.tasks.split} tasks "
         f"({warmup.expert_fraction:.0%} with the correct edit, the rest with the wrong edit '{warmup.wrong_edit}'; "
@@ -127,56 +175,19 @@ def warm_up(job: RLJob, model_path: str | Path, out_path: str | Path, environmen
             f"({env.max_tokens_per_trajectory})",
             flush=True,
         )
-    demo_seconds = time.monotonic() - started
-    print(
-        f"warm-up: {len(demos)} demonstrations in {demo_seconds:.1f}s (longest {longest} tokens); "
-        f"fine-tuning for {warmup.steps} steps",
-        flush=True,
-    )
-    fit_started = time.monotonic()
-    shown = [fit_started]
+    return demos
+
+
+def _progress_printer(steps: int, started: float) -> Callable[[int, float], None]:
+    """Every 25 steps, and at least every half minute: a pretrained model's step can take 20 s on a CPU."""
+    shown = [started]
 
     def progress(step: int, loss: float) -> None:
-        # every 25 steps, and at least every half minute: a pretrained model's step can take 20 s on a CPU
-        if step % 25 == 0 or step == warmup.steps or time.monotonic() - shown[0] >= 30:
+        if step % 25 == 0 or step == steps or time.monotonic() - shown[0] >= 30:
             shown[0] = time.monotonic()
-            elapsed = shown[0] - fit_started
-            print(f"warm-up: step {step}/{warmup.steps}, loss {loss:.3f}, {elapsed:.0f}s", flush=True)
+            print(f"warm-up: step {step}/{steps}, loss {loss:.3f}, {shown[0] - started:.0f}s", flush=True)
 
-    losses = supervised_fit(
-        model_path,
-        [(d.token_ids, d.loss_mask) for d in demos],
-        out_path,
-        steps=warmup.steps,
-        learning_rate=warmup.learning_rate,
-        batch_size=warmup.batch_size,
-        seed=job.spec.training.seed,
-        on_step=progress,
-        lora=job.spec.model.lora,
-        micro_batch_tokens=_micro_batch_tokens(job, model_path),
-    )
-    landing = land(job, out_path, [(d.token_ids, d.loss_mask) for d in demos], tasks, environments, chat)
-    losses += landing.pop("losses")
-    fit_seconds = time.monotonic() - fit_started
-    tail = losses[-10:]
-    stats = {
-        "demonstrations": len(demos),
-        "tokens": sum(len(d.token_ids) for d in demos),
-        "max_tokens": longest,
-        "steps": len(losses),
-        "first_loss": round(losses[0], 4),
-        "final_loss": round(sum(tail) / len(tail), 4),  # the mean of the last steps: one batch is noisy
-        **landing,
-        "demo_seconds": round(demo_seconds, 1),
-        "fit_seconds": round(fit_seconds, 1),
-        "seconds": round(time.monotonic() - started, 1),
-    }
-    print(
-        f"warm-up: done, loss {stats['first_loss']} -> {stats['final_loss']} in {stats['seconds']}s; "
-        f"model saved to {out_path}",
-        flush=True,
-    )
-    return stats
+    return progress
 
 
 def land(
