@@ -119,3 +119,19 @@ def test_a_replacement_that_dies_or_hangs_while_starting_counts_as_a_failure(tmp
         assert ("rollout-0", "exited", 3) in [(e["process"], e["event"], e.get("code")) for e in s.events]
     finally:
         s.stop_all()
+
+
+def test_a_process_asked_to_stop_is_not_restarted_whatever_its_exit_code(tmp_path):
+    """A breaker stops the learner: its exit (here by the signal itself, -15) reads as a stop, not a crash."""
+    spec = ProcessSpec("learner", "learner", ["sleep", "60"], {}, None, tmp_path / "learner.log")
+    lines: list[str] = []
+    s = Supervisor([spec], retry_budget=0, log=lines.append)
+    s.start("learner")
+    try:
+        s.stop("learner")
+        until(lambda: s.poll() == [("learner", -15)])
+        time.sleep(0.2)
+        assert s.poll() == [] and not s.running("learner")
+        assert s.restarts == {} and lines == ["learner stopped (exit -15)"]
+    finally:
+        s.stop_all()

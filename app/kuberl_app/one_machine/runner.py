@@ -384,7 +384,7 @@ def _monitor(
                 breaker = outside_breaker(job.spec, step, elapsed, time.monotonic() - last_progress)
             if breaker is not None:
                 out.message(f"stopping: {breaker.message}")
-                supervisor.signal("learner")  # it writes a final checkpoint, then exits 0
+                supervisor.stop("learner")  # it writes a final checkpoint, then exits
                 deadline = time.monotonic() + STOP_GRACE_S
         elif time.monotonic() > deadline or not supervisor.running("learner"):
             if supervisor.running("learner"):

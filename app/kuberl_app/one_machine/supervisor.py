@@ -38,6 +38,7 @@ class Managed:
     preempted_at: float | None = None  # a preemption notice was given: its exit is not a failure
     ready_by: float | None = None  # a restarted process is starting: ready before this, or it failed to start
     last_group: int | None = None  # the process group of the last run, until none of it is left
+    stopping: bool = False  # asked to stop (a breaker, Ctrl-C): however it exits, it is not restarted
 
 
 class Supervisor:
@@ -81,7 +82,8 @@ class Supervisor:
 
     def poll(self) -> list[tuple[str, int]]:
         """Restart what crashed (after its back-off); returns (name, exit code) of processes that exited
-        since the last poll. The learner exiting 0 is not restarted: it stopped on purpose."""
+        since the last poll. The learner exiting 0 and a process asked to stop are not restarted: they ended
+        on purpose."""
         exited = []
         now = time.monotonic()
         for name, m in self.managed.items():
@@ -91,6 +93,11 @@ class Supervisor:
                 exited.append((name, code))
                 self._event(name, "exited", code=code)
                 starting, m.ready_by = m.ready_by is not None, None
+                if m.stopping:
+                    m.finished = True
+                    if code != 0:
+                        self.log(f"{name} stopped (exit {code})")
+                    continue
                 if m.preempted_at is not None:
                     # replaced at once (capacity elsewhere), counted apart, as the operator does for pods
                     # with a DisruptionTarget condition
@@ -177,6 +184,12 @@ class Supervisor:
         m = self.managed[name]
         if m.proc is not None and m.proc.poll() is None:
             os.killpg(m.proc.pid, sig)
+
+    def stop(self, name: str) -> None:
+        """Ask a process to stop (SIGTERM: the learner writes a final checkpoint); its exit, with whatever code,
+        is the end it was asked for, never a crash to restart."""
+        self.managed[name].stopping = True
+        self.signal(name, signal.SIGTERM)
 
     def preempt(self, name: str) -> None:
         """A preemption notice for one process (a spot reclaim, a node drain): SIGTERM, so it stops taking
