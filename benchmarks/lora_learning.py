@@ -1,26 +1,36 @@
 """Record `make demo-lora` runs as data: a pretrained model (SmolLM2-135M-Instruct) learning swe-toy with LoRA, and
 the same recipe with full fine-tuning side by side.
 
-    .venv/bin/python benchmarks/lora_learning.py --lora runs/swe-toy-smollm2-lora [--full RUN_DIR]
+    .venv/bin/python benchmarks/lora_learning.py side-by-side --warmup runs/swe-toy-smollm2-lora/warmup --steps 5
+    .venv/bin/python benchmarks/lora_learning.py record --lora runs/swe-toy-smollm2-lora \
+        --side-by-side runs/lora-side-by-side
 
-reads each run's folder (job.json: held-out solve rates and the stop; warmup/warmup.json; metrics.jsonl: reward
-and time per RL step) and writes benchmarks/measured/lora_smollm2_learning.json and
-docs/img/lora-smollm2-learning.png (reward per step of each run, the held-out solve rates).
+`side-by-side` runs the example's RL from the same warmed-up model for the same number of steps, with LoRA and with
+full fine-tuning (a tenth of the learning rate), one after the other on the whole machine. `record` reads the run
+folders (job.json: held-out solve rates and the stop; warmup/warmup.json; metrics.jsonl: reward and time per RL
+step) and writes benchmarks/measured/lora_smollm2_learning.json and docs/img/lora-smollm2-learning.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import commit, machine  # benchmarks/run.py: the machine and the commit every result carries
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "swe-toy-smollm2-lora.yaml"
+KUBERL = Path(sys.executable).parent / "kuberl"
 OUT = REPO / "benchmarks" / "measured" / "lora_smollm2_learning.json"
 PLOT = REPO / "docs" / "img" / "lora-smollm2-learning.png"
 TIME_PARTS = ("wait_s", "train_s", "weight_sync_s", "checkpoint_s")
@@ -82,30 +92,79 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lora", required=True, help="The run folder of examples/swe-toy-smollm2-lora.yaml.")
-    parser.add_argument("--full", default=None, help="A run folder of the same recipe without spec.model.lora.")
-    parser.add_argument("--note", action="append", default=[], help="A note to keep with the data (repeat).")
-    args = parser.parse_args(argv)
-    runs = {"lora": summary(Path(args.lora))}
-    if args.full:
-        runs["full fine-tuning"] = summary(Path(args.full))
+def side_by_side_jobs(steps: int, out: Path) -> dict[str, Path]:
+    """The example as two jobs of `steps` RL steps: with its adapters, and with full fine-tuning at a tenth of
+    the learning rate (LoRA wants about ten times full fine-tuning's); each its own name and checkpoints."""
+    jobs = {}
+    for mode in ("lora", "full"):
+        job = yaml.safe_load(EXAMPLE.read_text())
+        job["metadata"]["name"] = f"smollm2-side-by-side-{mode}"
+        job["spec"]["training"]["totalSteps"] = steps
+        job["spec"].pop("limits", None)
+        job["spec"]["checkpoint"]["uri"] = str(out / mode / "checkpoints")
+        if mode == "full":
+            del job["spec"]["model"]["lora"]
+            job["spec"]["training"]["learningRate"] = round(job["spec"]["training"]["learningRate"] / 10, 12)
+        jobs[mode] = out / f"{mode}.yaml"
+        jobs[mode].parent.mkdir(parents=True, exist_ok=True)
+        jobs[mode].write_text(yaml.safe_dump(job, sort_keys=False))
+    return jobs
+
+
+def run_side_by_side(warmup: Path, steps: int, out: Path, modes: list[str]) -> None:
+    """The jobs one after the other on the whole machine, each from a copy of the same warmed-up model."""
+    jobs = side_by_side_jobs(steps, out)
+    for mode in modes:
+        run_dir = out / mode
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        shutil.copytree(warmup, run_dir / "warmup")  # `kuberl run` uses a warmed-up model it finds there
+        argv = [str(KUBERL), "run", str(jobs[mode]), "--run-dir", str(run_dir), "--no-evaluate"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        with (out / f"{mode}.log").open("w") as log:
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
+        print(f"{mode}: exit {code} (log {out / f'{mode}.log'})", flush=True)
+
+
+def record(lora: Path, side_by_side: Path | None, notes: list[str]) -> None:
+    runs = {"lora, 2 cores (make demo-lora)": summary(lora)}
+    if side_by_side is not None:
+        found = [m for m in ("lora", "full") if (side_by_side / m / "job.json").exists()]
+        runs |= {f"same steps, same warmed-up model: {m}": summary(side_by_side / m) for m in found}
     data = {
         "what": "make demo-lora: SmolLM2-135M-Instruct with rank-16 LoRA on swe-toy (warm-up, then GRPO) within "
         "limits.maxWallClock 60m on 2 CPU cores; held-out solve rate before and after RL; reward and seconds per RL "
-        "step; the same recipe with full fine-tuning side by side",
+        "step; the same recipe with full fine-tuning side by side (same steps, same warmed-up model)",
         "goal": "held-out solve rate at least 0.3 above the warm-up's within 60 minutes",
         "commit": commit(),
         "machine": machine(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "make demo-lora; benchmarks/lora_learning.py",
+        "command": "make demo-lora; benchmarks/lora_learning.py side-by-side and record",
         "runs": runs,
-        "notes": args.note,
+        "notes": notes,
     }
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     plot(runs, PLOT)
     print(OUT, PLOT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    both = commands.add_parser("side-by-side", help="RL with LoRA and with full fine-tuning at once, a core each.")
+    both.add_argument("--warmup", required=True, help="The warm-up folder of a demo-lora run (RUN_DIR/warmup).")
+    both.add_argument("--steps", type=int, default=5, help="RL steps of each run.")
+    both.add_argument("--out", default="runs/lora-side-by-side", help="Folder of the two runs.")
+    both.add_argument("--modes", nargs="+", default=["lora", "full"], choices=["lora", "full"], help="Which to run.")
+    rec = commands.add_parser("record", help="Write the measured JSON and the plot from run folders.")
+    rec.add_argument("--lora", required=True, help="The run folder of examples/swe-toy-smollm2-lora.yaml.")
+    rec.add_argument("--side-by-side", default=None, help="The folder `side-by-side` wrote.")
+    rec.add_argument("--note", action="append", default=[], help="A note to keep with the data (repeat).")
+    args = parser.parse_args(argv)
+    if args.command == "side-by-side":
+        run_side_by_side(Path(args.warmup), args.steps, Path(args.out), args.modes)
+    else:
+        record(Path(args.lora), Path(args.side_by_side) if args.side_by_side else None, args.note)
 
 
 if __name__ == "__main__":
