@@ -51,8 +51,8 @@ def summary(run_dir: Path) -> dict:
     per_step = [line["step_s"] for line in rl]
     return {
         "run_dir": str(run_dir),
-        "held_out_before": record["evaluations"].get("before RL"),
-        "held_out_after": record["evaluations"].get("after RL"),
+        "held_out_before": _rounded(record["evaluations"].get("before RL")),
+        "held_out_after": _rounded(record["evaluations"].get("after RL")),
         "stop": record.get("reason") or record.get("phase"),
         "wall_clock_s": round(record.get("elapsed_s", 0.0), 1),
         "warmup_s": warmup.get("seconds"),
@@ -69,6 +69,10 @@ def summary(run_dir: Path) -> dict:
     }
 
 
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else round(rate, 3)
+
+
 def plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib
 
@@ -83,7 +87,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
         )
         axes.plot(range(1, len(rewards) + 1), rewards, marker=".", label=label)
     axes.set_xlabel("RL step")
-    axes.set_ylabel("mean reward of the step's episodes")
+    axes.set_ylabel("mean reward of the episodes trained on")
     axes.set_title("SmolLM2-135M-Instruct on swe-toy, 2 CPU cores")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
