@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -30,6 +33,29 @@ def local_copy(uri: str, cache: Path = DEFAULT_CACHE) -> Path:
     if not path.exists():
         raise LocalCopyError(f"{uri}: no such file or folder")
     return path
+
+
+@contextmanager
+def local_file(uri: str, what: str = "file") -> Iterator[Path]:
+    """A local path of the one file `uri` names (a local path, file:// or s3://bucket/key, downloaded to a
+    temporary folder removed on exit); `what` names it in errors ("task file", "demonstrations file")."""
+    if not uri.startswith("s3://"):
+        path = Path(unquote(urlparse(uri).path)) if uri.startswith("file://") else Path(uri)
+        if "://" in uri and not uri.startswith("file://"):
+            raise LocalCopyError(f"{what} {uri!r}: use s3://bucket/key, file:///path or a local path")
+        yield path
+        return
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    parsed = urlparse(uri)
+    with tempfile.TemporaryDirectory() as folder:
+        local = Path(folder) / (Path(parsed.path).name or "download")
+        try:
+            boto3.client("s3").download_file(parsed.netloc, parsed.path.lstrip("/"), str(local))
+        except (BotoCoreError, ClientError) as err:
+            raise LocalCopyError(f"{what} {uri}: cannot download it ({err})") from None
+        yield local
 
 
 def _download_prefix(uri: str, cache: Path) -> Path:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import click
 
 from kuberl import __version__
-from kuberl.api import env_vars
 from kuberl.crd import rljob_crd_yaml
 from kuberl.planning import fit_warnings
 from kuberl.reference import reference_markdown
@@ -311,43 +310,6 @@ def sandbox(host: str, port: int, root: str | None, max_sessions: int, session_t
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", access_log=False, loop="asyncio")
 
 
-@main.command("build-tiny-model")
-@click.argument("path")
-@click.option("--hidden-size", default=128, show_default=True, type=int, help="Width of the model's hidden layers.")
-@click.option("--layers", default=4, show_default=True, type=int, help="Number of decoder layers.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the initial weights and pretraining.")
-@click.option(
-    "--copy-pretraining/--no-copy-pretraining",
-    default=True,
-    show_default=True,
-    help="Pretrain the model to copy from its context (about 3 minutes on 2 CPU cores); "
-    "without it the model is random and cannot learn an agent's tool calls.",
-)
-def build_tiny_model_command(path: str, hidden_size: int, layers: int, seed: int, copy_pretraining: bool) -> None:
-    """Write a tiny Llama and its tokenizer (trained offline on swe-toy) to PATH."""
-    from kuberl.modeling.tiny import build_tiny_model
-
-    folder = build_tiny_model(path, hidden_size=hidden_size, layers=layers, heads=max(1, hidden_size // 32), seed=seed)
-    click.echo(f"wrote {folder}")
-    if copy_pretraining:
-        from kuberl.modeling.copy_pretraining import DEFAULT_CURRICULUM, CopyPretrainingFailed, pretrain_copying
-
-        def progress(stage: int, step: int, loss: float, accuracy: float) -> None:
-            current = DEFAULT_CURRICULUM[stage]
-            if step % 100 == 0 or step == current.steps:
-                words = f"{current.vocabulary} tokens" if current.vocabulary else "the whole vocabulary"
-                click.echo(
-                    f"copy pretraining: stage {stage + 1}/{len(DEFAULT_CURRICULUM)}, step {step}/"
-                    f"{current.steps}, loss {loss:.3f}, copy accuracy {accuracy:.2f} ({words})"
-                )
-
-        try:
-            accuracies = pretrain_copying(folder, seed=seed, on_progress=progress)
-        except CopyPretrainingFailed as err:
-            raise click.ClickException(str(err)) from None
-        click.echo(f"copy pretraining: done, copy accuracy per stage {', '.join(f'{a:.2f}' for a in accuracies)}")
-
-
 @main.command("run")
 @click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--resume", is_flag=True, help="Continue a stopped run of this job from its newest checkpoint.")
@@ -409,7 +371,7 @@ def run_command(
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     model = _model_to_run(job, model_path)
-    warm_up = _warm_up_process(job_file) if job.spec.training.warmup.demonstrations else None
+    warm_up = _warm_up_process(job_file) if job.spec.training.warmup.demonstrations is not None else None
     held_out, solve_rate = _held_out_scorer(job) if evaluate else ([], None)
     folder = Path(run_dir or f"runs/{job.name}")
     try:
@@ -427,8 +389,6 @@ def run_command(
         )
     except RunError as err:
         raise click.UsageError(str(err)) from None
-    if held_out and "after RL" in record.evaluations:  # not after a Ctrl-C or a failure
-        _credit_probes(folder, held_out)
     click.echo(
         f"\n{job.name}: {record.phase}"
         + (f" ({record.reason})" if record.reason else "")
@@ -462,10 +422,9 @@ def _warm_up_process(job_file: str):
     from kuberl.api.command_lines import cli
     from kuberl_app.one_machine.runner import RunError
 
-    def warm_up(model_path: str, out: str, sandbox_url: str, token: str) -> str:
+    def warm_up(model_path: str, out: str) -> str:
         argv = [*cli(sys.executable), "warm-up", job_file, "--model", model_path, "--out", out]
-        env = {**os.environ, env_vars.SANDBOX_TOKEN: token, env_vars.SANDBOX_URLS: sandbox_url}
-        code = subprocess.run(argv, env=env, check=False).returncode
+        code = subprocess.run(argv, check=False).returncode
         if code != 0:
             raise RunError(f"the warm-up failed (exit {code}); its output is above")
         return out
@@ -523,7 +482,7 @@ def _model_to_run(job, model_path: str | None) -> str:
         if model_path is not None and (Path(model_path) / ADAPTER_CONFIG).is_file():
             model = _merged_adapter(model_path, _adapter_base(Path(model_path) / ADAPTER_CONFIG, job))
     except LocalCopyError as err:
-        hint = "the demo's tiny model: `kuberl build-tiny-model PATH`; or give --model"
+        hint = "the demo's tiny model: `python -m recipes.swe_toy tiny-model PATH`; or give --model"
         raise click.UsageError(f"spec.model.uri: {err} ({hint})") from None
     try:
         check_model_folder(model)
@@ -558,32 +517,6 @@ def _merged_adapter(adapter_dir: str, base_dir: str) -> str:
         click.echo(f"merging the adapters of {adapter_dir} into {base_dir} (float32): {merged}")
         merge_adapter(adapter_dir, base_dir, merged)
     return str(merged)
-
-
-CREDIT_PROBE_TASKS = 30
-
-
-def _credit_probes(run_dir, held_out) -> None:
-    """The seed's credit-assignment test on the run's policy: log P of the correct edit and of the first check
-    on held-out swe-toy tasks, under the warmed-up model and under the trained policy (RUN_DIR/credit.json)."""
-    import json
-
-    from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
-    from kuberl_rollout.sandbox_client import SandboxEnvironments
-    from kuberl_sandbox.local import local_sandbox
-    from kuberl_trainer.action_probes import credit_report
-
-    before, after = run_dir / "warmup" / "model", run_dir / "policy"
-    tasks = [t for t in held_out if {"file", "buggy", "fix"} <= set(t.metadata)][:CREDIT_PROBE_TASKS]
-    if not tasks or not (before / "config.json").exists() or not (after / "config.json").exists():
-        return  # only swe-toy-like tasks have a known correct edit; only a warmed-up run has a "before"
-    click.echo(f"credit assignment: log P of the correct edit and of the first check on {len(tasks)} held-out tasks")
-    with local_sandbox() as sandbox:
-        environments = lambda: SandboxEnvironments(sandbox.url, sandbox.token)  # noqa: E731
-        report = credit_report(str(before), str(after), tasks, environments, SWE_SYSTEM_PROMPT)
-    for action, numbers in report.items():
-        click.echo(f"  {action:>16}: {numbers['before']:8.3f} -> {numbers['after']:8.3f} ({numbers['change']:+.3f})")
-    (run_dir / "credit.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 @main.command("evaluate")
@@ -735,25 +668,18 @@ def learner(
 @click.option("--model", "model_path", required=True, help=MODEL_HELP + " The warm-up fine-tunes it.")
 @click.option("--out", required=True, help="Folder the warmed-up model is saved to (warmup.json beside it).")
 def warm_up_command(job_file: str, model_path: str, out: str) -> None:
-    """The supervised warm-up of spec.training.warmup: play demonstrations on a sandbox server (the first of
-    KUBERL_SANDBOX_URLS, token KUBERL_SANDBOX_TOKEN), fine-tune the model on them, save it to OUT. `kuberl run`
-    runs it before RL as a process of its own."""
-    import os
+    """The supervised warm-up of spec.training.warmup: fine-tune the model on the demonstrations file, check
+    where it landed, save it to OUT. `kuberl run` runs it before RL as a process of its own."""
     from pathlib import Path
 
     from kuberl.validation import ManifestError, load_rljob
-    from kuberl_rollout.sandbox_client import SandboxEnvironments
     from kuberl_trainer.warmup import warm_up
 
     try:
         job = load_rljob(job_file)
-        sandbox_url = os.environ[env_vars.SANDBOX_URLS].split(",")[0]
-        token = os.environ[env_vars.SANDBOX_TOKEN]
-    except ManifestError as err:
+        stats = warm_up(job, model_path, out)
+    except (ManifestError, ValueError) as err:
         raise click.UsageError(str(err)) from None
-    except KeyError as err:
-        raise click.UsageError(f"{err.args[0]} is not set: the sandbox server the demonstrations play on") from None
-    stats = warm_up(job, model_path, out, lambda: SandboxEnvironments(sandbox_url, token))
     # beside the model: demonstrations, losses, the landing checks and their further rounds
     (Path(out).parent / "warmup.json").write_text(json.dumps(stats, indent=1) + "\n")
 

@@ -7,9 +7,9 @@ Field names are snake_case here and camelCase in manifests.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kuberl.api.base import ApiModel, CrossFieldRule
 from kuberl.api.types import DnsLabel, DnsSubdomain, Duration, Image, Quantity, StorageUri, parse_duration
@@ -155,72 +155,107 @@ class TrainingMode(StrEnum):
     ASYNC = "async"
 
 
-class WrongEdit(StrEnum):
-    """What the warm-up's demonstrations that do not fix the bug write in place of the buggy text."""
-
-    UNCHANGED = "unchanged"
-    """The buggy text itself, copied from the failing test's message: an edit that changes nothing, then
-    submit. The same skill as the fix (copying an expression the test output quotes), aimed at the wrong one."""
-    CANDIDATE = "candidate"
-    """One of the task's plausible wrong fixes, which appears nowhere in the workspace: written from memory."""
+class LandingMetric(StrEnum):
+    DEMONSTRATION_PROBABILITY = "demonstrationProbability"
+    """The mean probability, by teacher forcing, that the policy takes every trained call of a successful
+    demonstration (reward above 0) from the dataset: how often a policy sampling at temperature 1 would
+    reproduce it. Near 0, RL's groups all fail; near 1, they all succeed; either way they carry no signal."""
 
 
 class WarmupLandingSpec(ApiModel):
-    """Where the warm-up must leave the policy: inside RL's learnable zone, checked before RL starts.
+    """Where the warm-up must leave the policy before RL starts: a metric on training tasks inside a range.
 
-    After `steps`, the warm-up plays the scripted workflow up to the edit on `probeTasks` training tasks and
-    scores, by teacher forcing, the probability that the policy writes the correct edit there. Below
-    `minCorrectEdit` it fine-tunes `extraSteps` more on the same demonstrations and checks again, at most
-    `maxRounds` times. Why: 500 steps leave some seeds short of exact copying (with seed 11 the policy wrote
-    the correct edit with a probability of 0.02, either edit with 0.04, and solved 0.04 of the held-out
-    tasks; 250 more steps took the correct edit to 0.23, either edit to 0.45), and a policy that almost never
-    succeeds gives GRPO groups of equal rewards only."""
+    After `steps`, the warm-up scores `metric` on the first `probeDemonstrations` successful demonstrations of
+    the dataset. Below `min` it fine-tunes `extraSteps` more on the same demonstrations and scores again, at
+    most `maxRounds` times; the warm-up then ends wherever it landed and says so (warmup.json records it).
+    Above `max` more training cannot help: it says so, and RL starts."""
 
-    min_correct_edit: float = Field(0.0, ge=0.0, le=1.0)
-    """The lowest mean probability of the correct edit on the probe tasks that ends the warm-up; 0 turns the
-    check off."""
-    probe_tasks: int = Field(64, ge=1, le=100_000)
-    """Training tasks probed (the first of the training split; never held-out tasks)."""
+    metric: LandingMetric = LandingMetric.DEMONSTRATION_PROBABILITY
+    """What is measured."""
+    min: float = Field(0.0, ge=0.0, le=1.0)
+    """The lowest value that ends the warm-up; 0 turns the check off."""
+    max: float = Field(1.0, ge=0.0, le=1.0)
+    """The highest value at which RL is expected to find groups that disagree (a warning above it)."""
+    probe_demonstrations: int = Field(64, ge=1, le=100_000)
+    """Successful demonstrations scored (the first of the dataset)."""
     extra_steps: int = Field(250, ge=1, le=1_000_000)
     """Supervised steps of each further round."""
     learning_rate: float = Field(5e-4, gt=0.0, le=1.0)
     """Peak learning rate of each further round (its own short warm-up, then cosine decay)."""
     max_rounds: int = Field(3, ge=0, le=100)
-    """Further rounds at most; the warm-up then ends wherever it landed (and says so)."""
+    """Further rounds at most."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            field="max",
+            cel="self.min <= self.max",
+            message="landing.min must not exceed landing.max",
+            holds=lambda t: t.min <= t.max,
+            explain=lambda t: f"must be at least min ({t.min:g}), got {t.max:g}",
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_old_names(cls, data: Any) -> Any:
+        return refuse_replaced_fields(data, "spec.training.warmup.landing", _REPLACED_LANDING_FIELDS)
 
 
 class WarmupSpec(ApiModel):
-    """Optional first stage: supervised fine-tuning on generated demonstrations of the tool format.
+    """Optional first stage: supervised fine-tuning on a dataset of demonstrations before RL.
 
-    Demonstrations play scripted episodes in the sandbox. A fraction of them (`expertFraction`) make the
-    correct edit; the rest make a wrong one (`wrongEdit`). The warmed-up policy
-    then already solves some tasks and fails others, so RL starts where sampled groups disagree and has
-    to learn which of the behaviours it has seen the reward prefers. Its time counts against
-    limits.maxWallClock: the breaker bounds what the whole job spends. With spec.model.lora the warm-up trains
-    adapters of the same shape and merges them into the model (float32) that RL then adapts afresh."""
+    The dataset is a JSONL file of episodes as chat messages (kuberl.api.demonstrations; docs/warmup.md), made
+    by any means: a recipe's scripted episodes, a stronger model's successful trajectories, people. Fine-tuned
+    on a mix of episodes that solve their task and episodes that do not, the policy starts RL where sampled
+    groups disagree, and RL learns which of the behaviours it has seen the reward prefers. The warm-up's time
+    counts against limits.maxWallClock. With spec.model.lora it trains adapters of the same shape and merges
+    them into the model (float32) that RL then adapts afresh."""
 
-    demonstrations: int = Field(0, ge=0, le=1_000_000)
-    """Demonstration episodes to generate; 0 skips the warm-up."""
-    expert_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    """Fraction of demonstrations that make the correct edit (the rest make the wrong edit `wrongEdit`);
-    0 teaches the tool format only, 1 is plain supervised fine-tuning on expert episodes."""
-    wrong_edit: WrongEdit = WrongEdit.CANDIDATE
-    """The edit of the demonstrations that do not fix the bug. `unchanged` (the buggy text copied back)
-    teaches a small model one skill, copying what the test output quotes, and leaves RL to learn which
-    quoted expression to copy; `candidate` (a wrong fix from memory) makes it learn two."""
-    recovery_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    """Fraction of demonstrations whose edit first fails (a call cut short, or text that is not in the file),
-    shown with the error it gets and followed by the edit made again. The failed call is context, never
-    trained on: the policy learns to recover from an error, not to make it. Without such episodes a policy
-    that slips once at temperature 1 has never seen an error and loops on empty calls."""
+    demonstrations: StorageUri | None = None
+    """The demonstrations file (JSONL; a local path, file:// or s3://); unset: no warm-up."""
     steps: int = Field(200, ge=1, le=1_000_000)
     """Supervised optimizer steps."""
     learning_rate: float = Field(3e-3, gt=0.0, le=1.0)
-    """AdamW learning rate of the warm-up."""
+    """AdamW peak learning rate of the warm-up (a short linear warm-up, then cosine decay)."""
     batch_size: int = Field(8, ge=1, le=4096)
     """Demonstrations per supervised step."""
     landing: WarmupLandingSpec = Field(default_factory=WarmupLandingSpec)
     """The check that RL starts inside the learnable zone, and what the warm-up does when it does not."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_old_names(cls, data: Any) -> Any:
+        count = data.get("demonstrations") if isinstance(data, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool):
+            raise ValueError(
+                "spec.training.warmup.demonstrations: now the demonstrations file (a JSONL path or s3:// URI), "
+                f"not a count; {_RECIPE}"
+            )
+        return refuse_replaced_fields(data, "spec.training.warmup", _REPLACED_WARMUP_FIELDS)
+
+
+_RECIPE = "`python -m recipes.swe_toy demonstrations` writes such a file for swe-toy (docs/warmup.md)"
+_REPLACED_WARMUP_FIELDS = {
+    "expertFraction": f"demonstrations are a dataset now: {_RECIPE}, with --expert-fraction",
+    "wrongEdit": f"demonstrations are a dataset now: {_RECIPE}, with --wrong-edit",
+    "recoveryFraction": f"demonstrations are a dataset now: {_RECIPE}, with --recovery-fraction",
+}
+_REPLACED_LANDING_FIELDS = {
+    "minCorrectEdit": "replaced by landing.min (metric demonstrationProbability: the successful demonstrations' "
+    "calls, the correct edit among them)",
+    "probeTasks": "replaced by landing.probeDemonstrations (the first successful demonstrations of the dataset)",
+}
+
+
+def refuse_replaced_fields(data: Any, path: str, replaced: dict[str, str]) -> Any:
+    """Refuse a manifest that still uses a field the API replaced, with what replaced it (the generic error
+    would only say `extra inputs are not permitted`)."""
+    if not isinstance(data, dict):
+        return data
+    found = [f"{path}.{name}: {why}" for name, why in replaced.items() if name in data]
+    if found:
+        raise ValueError("; ".join(found))
+    return data
 
 
 class TrainingSpec(ApiModel):
@@ -256,7 +291,7 @@ class TrainingSpec(ApiModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for sampling tasks, the learner and the rollout engines."""
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
-    """Supervised warm-up on demonstrations before RL (off unless demonstrations > 0)."""
+    """Supervised warm-up on a demonstrations dataset before RL (off unless demonstrations is set)."""
 
     cross_field_rules = (
         CrossFieldRule(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from kuberl.api.environment import Task
 from kuberl.api.spec import SWE_BENCH, EnvironmentSpec, TaskSplit, openenv_class
+from kuberl.storage import local_file
 from kuberl.suites import seeds, swe_toy
 from kuberl.suites.store import read_jsonl
 
@@ -57,11 +56,8 @@ def _parse_split(split: str | None) -> TaskSplit | None:
 
 def _local_path(uri: str) -> Path:
     """A local path or file:// URI as a path."""
-    if uri.startswith("file://"):
-        return Path(unquote(urlparse(uri).path))
-    if "://" in uri:
-        raise ValueError(f"task file {uri!r}: use s3://bucket/key, file:///path or a local path")
-    return Path(uri)
+    with local_file(uri, "task file") as path:
+        return path
 
 
 def _read_instances(uri: str | None) -> list[Task]:
@@ -75,14 +71,5 @@ def _read_instances(uri: str | None) -> list[Task]:
 
 def _read_s3(uri: str, read: Callable[[Path], list[Task]] = read_jsonl) -> list[Task]:
     """Download an s3:// task file (credentials and AWS_ENDPOINT_URL from the environment) and read it."""
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    parsed = urlparse(uri)
-    with tempfile.TemporaryDirectory() as folder:
-        local = Path(folder) / (Path(parsed.path).name or "tasks.jsonl")
-        try:
-            boto3.client("s3").download_file(parsed.netloc, parsed.path.lstrip("/"), str(local))
-        except (BotoCoreError, ClientError) as err:
-            raise ValueError(f"task file {uri}: cannot download it ({err})") from None
-        return read(local)
+    with local_file(uri, "task file") as path:
+        return read(path)

@@ -144,15 +144,15 @@ def run_job(
     resume: bool = False,
     out: ProgressPrinter | None = None,
     on_step: Callable[[dict, Supervisor], None] | None = None,
-    warm_up: Callable[[str, str, str, str], str] | None = None,
+    warm_up: Callable[[str, str], str] | None = None,
     evaluate: Callable[[list[str], str], float] | None = None,
     metrics_port: int | None = None,
     metrics_linger_s: float = 0.0,
     pinning: Mapping[str, frozenset[int]] | None = None,
 ) -> RunRecord:
     """Run (or with `resume`, continue) the job; returns its record. `on_step` sees every new metrics
-    line with the supervisor (tests inject faults with it). `warm_up(model, out_folder, sandbox_url,
-    token)` writes the warmed-up model (the first stage, when the job has one) and returns its folder.
+    line with the supervisor (tests inject faults with it). `warm_up(model, out_folder)` writes the
+    warmed-up model (the first stage, when the job has one) and returns its folder.
     `evaluate(rollout_urls, job_token)` measures the held-out solve rate of what the rollout servers serve: before
     RL (after the warm-up) and after it, while no learner uses them. `metrics_port` serves the job-level
     metrics (RunMetrics), the final status `metrics_linger_s` longer after the job ends (for a scraper).
@@ -321,16 +321,13 @@ def _evaluation(run: _Run, when: str, solve_rate: Callable[[], float]) -> None:
 
 
 def _warm_up_stage(run_dir: Path, model_path: str, warm_up, out: ProgressPrinter) -> str:
-    """The warmed-up model folder: made once per job (a resumed run reuses it), with its own sandbox."""
-    from kuberl_sandbox.local import local_sandbox
-
+    """The warmed-up model folder: made once per job (a resumed run reuses it)."""
     warmed = run_dir / "warmup" / "model"
     if (warmed / "config.json").exists():
         out.message(f"warm-up: done before, using {warmed}")
         return str(warmed)
-    out.message("warm-up: supervised fine-tuning on generated demonstrations (spec.training.warmup)")
-    with local_sandbox() as sandbox:
-        return warm_up(model_path, str(warmed), sandbox.url, sandbox.token)
+    out.message("warm-up: supervised fine-tuning on the demonstrations (spec.training.warmup)")
+    return warm_up(model_path, str(warmed))
 
 
 def _monitor(
