@@ -34,6 +34,7 @@ from kuberl.api.spec import (
     openenv_class,
 )
 from kuberl.api.types import DNS_LABEL_PATTERN, IMAGE_PATTERN
+from kuberl.demonstration_files import demonstration_file_problems
 from kuberl.rewards import RewardFieldError, job_rewards
 from kuberl.suites import BUILTIN_ENVIRONMENTS, environment_tasks
 from kuberl.suites.store import task_file_problems
@@ -140,7 +141,7 @@ def validate_document(data: Any, source: str, runs_here: bool = False) -> Docume
 def later_failures(job: RLJob) -> list[tuple[str, str]]:
     """(field, message) for what the schema lets through but would fail once the job runs: an unknown environment,
     a reward that is not registered or does not import, a process reward model, a bad row of a local task file,
-    a model named like a Hugging Face id that is not a local folder."""
+    a bad line of a local demonstrations file, a model named like a Hugging Face id that is not a local folder."""
     spec, found = job.spec, []
     name = spec.environment.name
     if openenv_class(name) is None and name not in BUILTIN_ENVIRONMENTS:
@@ -158,6 +159,7 @@ def later_failures(job: RLJob) -> list[tuple[str, str]]:
         found.append((err.field, err.message))
     found += [("spec.environment.tasks.uri", message) for message in _task_file_problems(spec.environment)]
     found += _episode_image_problems(spec)
+    found += [("spec.training.warmup.demonstrations", message) for message in _demonstrations_problems(spec)]
     uri = spec.model.uri
     if HUB_ID.match(uri) and not Path(uri).exists():
         found.append(
@@ -169,6 +171,15 @@ def later_failures(job: RLJob) -> list[tuple[str, str]]:
             )
         )
     return found
+
+
+def _demonstrations_problems(spec: RLJobSpec) -> list[str]:
+    """The bad lines of a local demonstrations file (one that is not here yet, or on s3://, is read where the
+    job runs: `kuberl run` refuses a missing one before it starts)."""
+    uri = spec.training.warmup.demonstrations
+    if uri is None or uri.startswith("s3://") or not Path(uri.removeprefix("file://")).is_file():
+        return []
+    return demonstration_file_problems(uri)
 
 
 def _task_file_problems(env: EnvironmentSpec) -> list[str]:

@@ -368,6 +368,7 @@ def run_command(
         # what the rollout servers would refuse (an unknown reward, tasks it cannot score), refused now
         load_job_tasks(job, resolve_rewards(job).function)
         _refuse_unready_repositories(job.spec.environment)
+        _refuse_missing_demonstrations(job.spec.training.warmup.demonstrations)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     model = _model_to_run(job, model_path)
@@ -682,6 +683,17 @@ def warm_up_command(job_file: str, model_path: str, out: str) -> None:
         raise click.UsageError(str(err)) from None
     # beside the model: demonstrations, losses, the landing checks and their further rounds
     (Path(out).parent / "warmup.json").write_text(json.dumps(stats, indent=1) + "\n")
+
+
+def _refuse_missing_demonstrations(uri: str | None) -> None:
+    """A warm-up whose local demonstrations file is not there fails now, not after the run has started."""
+    from pathlib import Path
+
+    if uri is not None and not uri.startswith("s3://") and not Path(uri.removeprefix("file://")).is_file():
+        raise ValueError(
+            f"spec.training.warmup.demonstrations: {uri}: no such file; write the demonstrations there "
+            f"(docs/warmup.md; for swe-toy: python -m recipes.swe_toy demonstrations JOB.yaml --out {uri})"
+        )
 
 
 def _refuse_unready_repositories(env) -> None:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kuberl.api.rljob import RLJob
+from kuberl.demonstration_files import read_demonstrations
 from kuberl.modeling.chat import ChatFormat
-from kuberl_trainer.demonstrations import DemonstrationTokens, demonstration_tokens, read_demonstrations
+from kuberl_trainer.demonstrations import DemonstrationTokens, demonstration_tokens
 from kuberl_trainer.sft import supervised_fit
 
 
