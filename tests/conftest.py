@@ -15,6 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # console scripts (kuberl, ruff, torchrun, helm) beside the interpreter
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 sys.path.insert(0, str(REPO / "tests"))  # for `helpers`
+# and the repository right after it: otherwise `recipes` is the test folder tests/recipes (a namespace package,
+# found before the editable install's finder is asked) instead of the package recipes/
+sys.path.insert(1, str(REPO))
 
 
 def tool(name: str) -> str:

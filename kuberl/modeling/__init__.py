@@ -1,1 +1,1 @@
-"""Model-side conventions every tier shares: the chat format, the tool-call syntax, a tiny offline model."""
+"""Model-side conventions every tier shares: the chat format, the tool-call syntax."""

@@ -2,8 +2,10 @@
 
 The ground, `kuberl/` (the contract in `kuberl/api` and the libraries every tier shares), imports no tier and
 not the composition roots. Each tier (operator, trainer, rollout-server, env-images) imports only `kuberl`,
-never another tier nor the composition roots. On top, `kuberl_app` (app/: the `kuberl` command line and the
-one-machine runner) is the only package that puts tiers together. Across every package, two modules never
+never another tier nor the composition roots. On top, two rooms: `kuberl_app` (app/: the `kuberl` command line
+and the one-machine runner), the only package that puts tiers together to run a job, and `recipes` (what a team
+brings for one kind of task: its model, its demonstrations, its reports), which uses the tiers as a library;
+nothing below imports either, nor does either import the other. Across every package, two modules never
 import each other: what both need goes to a module of its own. Checked on the source's import statements
 (function-level and TYPE_CHECKING ones included; in the spirit of import-linter's contracts), so a new import
 that breaks a rule fails here with its file and line.
@@ -15,14 +17,15 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED, APP = "kuberl", "kuberl_app"
+SHARED, APP, RECIPES = "kuberl", "kuberl_app", "recipes"
+TOP_FLOOR = (APP, RECIPES)
 TIERS = {
     "kuberl_operator": REPO / "operator" / "kuberl_operator",
     "kuberl_trainer": REPO / "trainer" / "kuberl_trainer",
     "kuberl_rollout": REPO / "rollout-server" / "kuberl_rollout",
     "kuberl_sandbox": REPO / "env-images" / "kuberl_sandbox",
 }
-PACKAGES = {SHARED: REPO / "kuberl", **TIERS, APP: REPO / "app" / "kuberl_app"}
+PACKAGES = {SHARED: REPO / "kuberl", **TIERS, APP: REPO / "app" / "kuberl_app", RECIPES: REPO / "recipes"}
 
 
 def module_files(packages: dict[str, Path]) -> dict[str, Path]:
@@ -55,17 +58,18 @@ def top(name: str) -> str:
 
 
 def breaks_rule(owner: str, name: str) -> bool:
-    """Whether package `owner` may not import `name`: only the composition roots import a tier of another
-    owner, and nothing imports the composition roots."""
-    if owner == APP:
+    """Whether package `owner` may not import `name`: only the top floor (the composition roots, the recipes)
+    imports a tier of another owner, and nothing imports a room of the top floor but that room itself."""
+    if top(name) in TOP_FLOOR:
+        return top(name) != owner
+    if owner in TOP_FLOOR:
         return False
-    if top(name) == APP:
-        return True
     return top(name) in TIERS and top(name) != owner
 
 
 def floor_violations(packages: dict[str, Path], root: Path) -> list[str]:
-    """Imports that break the floors: `kuberl` importing a tier or `kuberl_app`, a tier another tier or it."""
+    """Imports that break the floors: `kuberl` importing a tier or the top floor, a tier another tier or the top
+    floor, one room of the top floor the other."""
     found = []
     for module, path in module_files(packages).items():
         for line, name in imported_names(module, path):
@@ -101,14 +105,19 @@ def mutual_imports(packages: dict[str, Path], root: Path) -> list[str]:
     return sorted(found)
 
 
-def test_kuberl_imports_no_tier_and_not_the_composition_roots():
+def test_kuberl_imports_no_tier_and_not_the_top_floor():
     problems = [p for p in floor_violations(PACKAGES, REPO) if p.startswith("kuberl/")]
     assert problems == [], "the shared floor reaches up (move the shared part into kuberl/):\n" + "\n".join(problems)
 
 
-def test_no_tier_imports_another_tier_or_the_composition_roots():
-    problems = [p for p in floor_violations(PACKAGES, REPO) if not p.startswith("kuberl/")]
+def test_no_tier_imports_another_tier_or_the_top_floor():
+    problems = [p for p in floor_violations(PACKAGES, REPO) if not p.startswith(("kuberl/", "app/", "recipes/"))]
     assert problems == [], "cross-tier imports (move the shared part to kuberl/api):\n" + "\n".join(problems)
+
+
+def test_the_composition_roots_and_the_recipes_do_not_import_each_other():
+    problems = [p for p in floor_violations(PACKAGES, REPO) if p.startswith(("app/", "recipes/"))]
+    assert problems == [], "the top floor's rooms import each other:\n" + "\n".join(problems)
 
 
 def test_no_two_modules_import_each_other():
@@ -138,6 +147,9 @@ def test_the_check_sees_each_kind_of_violation(tmp_path):
             "operator/kuberl_operator/pods.py": "from kuberl_app.one_machine import runner\n",
             "app/kuberl_app/__init__.py": "",
             "app/kuberl_app/cli.py": "import kuberl_operator.pods\nfrom kuberl_trainer.loop import x\n",
+            "trainer/kuberl_trainer/data.py": "def h():\n    from recipes.toy import make\n",
+            "recipes/__init__.py": "",
+            "recipes/toy.py": "from kuberl_trainer.loop import x\nfrom kuberl_app.cli import main\n",
         },
     )
     packages = {
@@ -145,11 +157,14 @@ def test_the_check_sees_each_kind_of_violation(tmp_path):
         "kuberl_trainer": tmp_path / "trainer" / "kuberl_trainer",
         "kuberl_operator": tmp_path / "operator" / "kuberl_operator",
         APP: tmp_path / "app" / "kuberl_app",
+        RECIPES: tmp_path / "recipes",
     }
     assert floor_violations(packages, tmp_path) == [
         "kuberl/shared.py:2 imports kuberl_trainer.loop.x",
         "kuberl/typed.py:3 imports kuberl_app.cli",
         "operator/kuberl_operator/pods.py:1 imports kuberl_app.one_machine.runner",
+        "recipes/toy.py:2 imports kuberl_app.cli.main",
+        "trainer/kuberl_trainer/data.py:2 imports recipes.toy.make",
         "trainer/kuberl_trainer/probes.py:3 imports kuberl_operator.pods",
     ]
     # kuberl.shared -> kuberl_trainer.loop -> kuberl.shared is a cycle too, but the floors already refuse it

@@ -16,6 +16,7 @@ PACKAGES = {
     "kuberl_trainer": "trainer/kuberl_trainer",
     "kuberl_rollout": "rollout-server/kuberl_rollout",
     "kuberl_sandbox": "env-images/kuberl_sandbox",
+    "recipes": "recipes",
 }
 
 

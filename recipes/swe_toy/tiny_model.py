@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from kuberl.modeling.copy_pretraining import RANKING
+from recipes.swe_toy.copy_pretraining import RANKING
 
 ROLES = ("system", "user", "assistant", "tool")
 END, PAD = "<|end|>", "<|pad|>"

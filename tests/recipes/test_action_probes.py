@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, parse_tool_call
 from kuberl.suites import load_tasks
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
-from kuberl_trainer.action_probes import CHECK, EDIT, action_logprob, mean_logprobs, swe_toy_probes
+from recipes.swe_toy.action_probes import CHECK, EDIT, action_logprob, mean_logprobs, swe_toy_probes
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from kuberl.api.environment import Environment, Environments, Task, ToolCall
 from kuberl.modeling.chat import ChatFormat
-from kuberl_trainer.demonstrations import record_demonstration
-from kuberl_trainer.scripted_episodes import scripted_calls
+from kuberl_trainer.demonstrations import demonstration_tokens
+from recipes.swe_toy.demonstrations import record_demonstration
+from recipes.swe_toy.scripted_episodes import scripted_calls
 
 CHECK, EDIT = "check the error", "correct edit"
 
@@ -33,18 +34,20 @@ class ActionProbe:
 
 
 def swe_toy_calls(task: Task) -> list[ToolCall]:
-    """The warm-up's workflow up to and including the correct edit."""
+    """The demonstrations' expert workflow up to and including the correct edit."""
     calls = scripted_calls(task, random.Random(0), expert=True)
     return calls[: [c.name for c in calls].index("replace") + 1]
 
 
 async def swe_toy_probes(env: Environment, chat: ChatFormat, system_prompt: str, task: Task) -> list[ActionProbe]:
-    """The CHECK probe (first move) and the EDIT probe (after running the tests)."""
-    demo = await record_demonstration(env, chat, system_prompt, task, swe_toy_calls(task))
-    spans = _masked_spans(demo.loss_mask)
+    """The CHECK probe (first move) and the EDIT probe (after running the tests): spans of the trained tokens
+    of the expert workflow's demonstration, played up to the edit, laid out as the warm-up lays it out."""
+    played = await record_demonstration(env, system_prompt, task, swe_toy_calls(task))
+    tokens = demonstration_tokens(played.demonstration, chat)
+    spans = _masked_spans(tokens.loss_mask)
     probes = []
     for action, (start, end) in ((CHECK, spans[0]), (EDIT, spans[-1])):
-        probes.append(ActionProbe(task.task_id, action, demo.token_ids[:start], demo.token_ids[start:end]))
+        probes.append(ActionProbe(task.task_id, action, tokens.token_ids[:start], tokens.token_ids[start:end]))
     return probes
 
 
@@ -72,7 +75,7 @@ def action_logprob(model, probe: ActionProbe) -> float:
 
 def mean_probability(model, probes: Sequence[ActionProbe], action: str = EDIT) -> float:
     """The mean probability of `action` over the probes of that kind (how often a policy sampling at
-    temperature 1 would take it there): the warm-up's landing check."""
+    temperature 1 would take it there)."""
     values = [math.exp(action_logprob(model, p)) for p in probes if p.action == action]
     if not values:
         raise ValueError(f"no '{action}' probes to score")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from kuberl.modeling.copy_pretraining import (
+from recipes.swe_toy.copy_pretraining import (
     RECORD,
     CopyStage,
     copy_accuracy,
@@ -16,7 +16,7 @@ from kuberl.modeling.copy_pretraining import (
     pretrain_copying,
     token_ranking,
 )
-from kuberl.modeling.tiny import build_tiny_model
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 
 def test_the_batch_is_a_sequence_and_its_repeat_with_loss_only_where_the_repeat_is_predictable():

@@ -1,15 +1,33 @@
 """The swe-toy scripted workflow: the calls of one demonstrated episode (run the tests, replace the buggy text,
-run the tests again, submit), with the correct edit or a wrong one. The warm-up fine-tunes on episodes played
-from it; the action probes play its prefix to score an action."""
+run the tests again, submit), with the correct edit or a wrong one. The recipe's demonstrations are episodes
+played from it; the action probes play its prefix to score an action."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from enum import StrEnum
 
 from kuberl.api.environment import Task, ToolCall
-from kuberl.api.spec import WrongEdit
 from kuberl.modeling.tool_calls import CLOSE, OPEN, format_tool_call
-from kuberl_trainer.demonstrations import Slip
+
+
+class WrongEdit(StrEnum):
+    """What the demonstrations that do not fix the bug write in place of the buggy text."""
+
+    UNCHANGED = "unchanged"
+    """The buggy text itself, copied from the failing test's message: an edit that changes nothing, then
+    submit. The same skill as the fix (copying an expression the test output quotes), aimed at the wrong one."""
+    CANDIDATE = "candidate"
+    """One of the task's plausible wrong fixes, which appears nowhere in the workspace: written from memory."""
+
+
+@dataclass(frozen=True)
+class Slip:
+    """A failed attempt at a call, played like any call but kept out of the loss: the demonstration shows
+    the error it gets and what comes next, so the model learns to recover, never to slip."""
+
+    text: str
 
 
 def wrong_edits(task: Task) -> list[str]:

@@ -70,7 +70,7 @@ def copy_batch(generator, batch_size: int, length: int, tokens):
 
 def token_ranking(path: Path, tokenizer) -> list[int]:
     """The ordinary tokens to copy, most used first: the model folder's ranking (how often the text its
-    tokenizer was trained on uses each token, see kuberl.modeling.tiny) or else every ordinary token in id
+    tokenizer was trained on uses each token, see recipes.swe_toy.tiny_model) or else every ordinary token in id
     order. Drawing the first stage from the most used tokens trains the embeddings that real text needs;
     the byte-level tokens at the start of the id order are almost never used once BPE has merged them."""
     ranked = path / RANKING
