@@ -144,22 +144,23 @@ def warmed_up_model() -> Path:
     import shutil
 
     from kuberl.api.rljob import RLJob
-    from kuberl_app.cli import build_tiny_model_command
-    from kuberl_rollout.sandbox_client import SandboxEnvironments
-    from kuberl_sandbox.local import local_sandbox
     from kuberl_trainer.warmup import warm_up
+    from recipes.swe_toy.cli import main as recipe
 
     if (WARM_MODEL / "config.json").exists():
         return WARM_MODEL
     doc = demo_manifest()
     base = REPO / doc["spec"]["model"]["uri"]
     if not (base / "copy_pretraining.json").exists():
-        build_tiny_model_command.callback(str(base), hidden_size=128, layers=2, seed=0, copy_pretraining=True)
+        recipe.main(["tiny-model", str(base), "--hidden-size", "128", "--layers", "2"], standalone_mode=False)
+    warmup = doc["spec"]["training"]["warmup"]
+    demonstrations = REPO / warmup["demonstrations"]
+    if not demonstrations.exists():
+        recipe.main(["demonstrations", str(DEMO), "--out", str(demonstrations)], standalone_mode=False)
+    warmup["demonstrations"] = str(demonstrations)
     partial = WARM_MODEL.with_name(WARM_MODEL.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    with local_sandbox() as sandbox:
-        environments = lambda: SandboxEnvironments(sandbox.url, sandbox.token)  # noqa: E731
-        stats = warm_up(RLJob.from_manifest(doc), str(base), str(partial), environments)
+    stats = warm_up(RLJob.from_manifest(doc), str(base), str(partial))
     print(f"[bench]   warm-up: {stats}", flush=True)
     partial.rename(WARM_MODEL)
     return WARM_MODEL

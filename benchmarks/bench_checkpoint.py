@@ -73,7 +73,7 @@ def measure(model_dir: Path, work: Path, repeats: int = 3, batch_rows: int = 4) 
 
 def run() -> dict[str, object]:
     from kuberl.modeling.smollm import convert_smollm2, smollm2_gguf
-    from kuberl.modeling.tiny import build_tiny_model
+    from recipes.swe_toy.tiny_model import build_tiny_model
 
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="kuberl-ckpt-bench-") as tmp:

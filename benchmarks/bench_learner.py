@@ -33,7 +33,7 @@ def torchrun(world: int, model: Path, out: Path, batch: int, length: int, steps:
 
 def run() -> dict[str, object]:
     from kuberl.modeling.smollm import convert_smollm2, smollm2_gguf
-    from kuberl.modeling.tiny import build_tiny_model
+    from recipes.swe_toy.tiny_model import build_tiny_model
 
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="kuberl-learner-bench-") as tmp:

@@ -79,7 +79,7 @@ def measure(work: Path, model: Path, rollouts: int) -> dict[str, float]:
 
 
 def run() -> dict[str, object]:
-    from kuberl.modeling.tiny import build_tiny_model
+    from recipes.swe_toy.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="kuberl-recovery-bench-") as tmp:
         work = Path(tmp)

@@ -77,14 +77,15 @@ async def _demo_policy(folder: Path) -> Path:
 
     from kuberl.api.environment import ToolCall
     from kuberl.modeling.chat import ChatFormat
-    from kuberl.modeling.tiny import build_tiny_model
     from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT
     from kuberl.rewards import resolve_reward
     from kuberl.suites.swe_toy import generate
     from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
     from kuberl_sandbox.local import local_sandbox
-    from kuberl_trainer.demonstrations import record_demonstration
+    from kuberl_trainer.demonstrations import demonstration_tokens
     from kuberl_trainer.sft import supervised_fit
+    from recipes.swe_toy.demonstrations import record_demonstration
+    from recipes.swe_toy.tiny_model import build_tiny_model
 
     task = generate(4, seed=21)[3]
     meta = task.metadata
@@ -97,11 +98,10 @@ async def _demo_policy(folder: Path) -> Path:
     with local_sandbox() as sandbox:
         client = SandboxClient(sandbox.url, sandbox.token)
         env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))
-        demo = await record_demonstration(
-            env, ChatFormat(AutoTokenizer.from_pretrained(base)), SWE_SYSTEM_PROMPT, task, calls
-        )
+        played = await record_demonstration(env, SWE_SYSTEM_PROMPT, task, calls)
         await env.close()
         await client.aclose()
+    demo = demonstration_tokens(played.demonstration, ChatFormat(AutoTokenizer.from_pretrained(base)))
     supervised_fit(base, [(demo.token_ids, demo.loss_mask)], folder / "policy", steps=300, learning_rate=3e-3)
     return folder / "policy", task
 

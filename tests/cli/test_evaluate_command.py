@@ -13,9 +13,9 @@ import yaml
 from conftest import BASE_MANIFEST, BIN
 from helpers.tiny_job import tiny_job_spec
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.suites import load_tasks
 from kuberl.suites.store import write_jsonl
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 KUBERL = str(BIN / "kuberl")
 

@@ -294,7 +294,8 @@ def test_plan_reads_config_json_from_s3_with_the_jobs_credentials(tmp_path):
 
 # ------------------------------------------------------------------------------ the shipped examples
 # config.json of the models the examples name (the published Qwen3 configs; the demo's tiny Llama as
-# `kuberl build-tiny-model --hidden-size 128 --layers 2` writes it, vocabulary at most 2048; SmolLM2-135M-Instruct)
+# `python -m recipes.swe_toy tiny-model --hidden-size 128 --layers 2` writes it, vocabulary at most 2048;
+# SmolLM2-135M-Instruct)
 QWEN3 = {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "torch_dtype": "bfloat16"}
 MODELS = {
     "Qwen3-0.6B": {

@@ -7,8 +7,8 @@ import pytest
 
 from kuberl.api.spec import LoraSpec, RLJobSpec
 from kuberl.modeling.lora import adapter_parameter_count
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.planning import lora_parameters, model_shape_from_config, plan_memory, read_model_shape
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 # hidden 8, 2 layers, 2 query heads and 1 key/value head of width 4, MLP 16, vocabulary 32, untied (1704 parameters)
 SHAPE = model_shape_from_config(

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import BASE_MANIFEST, BIN, EXAMPLES
 
+from recipes.swe_toy.tiny_model import build_tiny_model
+
 KUBERL = str(BIN / "kuberl")
 
 
@@ -199,19 +201,9 @@ def test_no_arguments_is_a_usage_error():
     assert result.returncode == 2 and "Missing argument" in result.stderr
 
 
-QUICK_BUILD = ("--hidden-size", "64", "--layers", "1", "--no-copy-pretraining")
-
-
-@pytest.mark.slow  # builds a model
-def test_build_tiny_model_writes_a_loadable_model(tmp_path):
-    result = kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
-    assert result.returncode == 0, result.stderr
-    assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()
-
-
 @pytest.mark.slow  # builds a model, then starts every entrypoint
 def test_a_model_folder_without_weights_is_a_clear_error_for_every_entrypoint(tmp_path):
-    kuberl("build-tiny-model", str(tmp_path / "tiny"), *QUICK_BUILD)
+    build_tiny_model(tmp_path / "tiny", hidden_size=64, layers=1, heads=2)
     (tmp_path / "tiny" / "model.safetensors").unlink()
     job = tmp_path / "job.yaml"
     job.write_text(

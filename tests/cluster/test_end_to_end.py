@@ -35,9 +35,9 @@ from helpers.sandbox_http import open_session, run
 from helpers.seaweedfs import seaweedfs
 from helpers.tiny_job import tiny_job_spec
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_sandbox.local import free_port
 from kuberl_trainer.final_checkpoint import children_of
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = [
     pytest.mark.slow,

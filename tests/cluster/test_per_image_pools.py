@@ -33,9 +33,9 @@ from helpers.tiny_job import tiny_job_spec
 
 from kuberl.api.sandbox_images import pool_key, pool_service_name
 from kuberl.api.swebench import SWEBenchInstance
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.swebench.instances import instance_task
 from kuberl_sandbox.local import free_port
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = [
     pytest.mark.slow,

@@ -30,7 +30,6 @@ from kuberl.api.rljob import RLJob
 from kuberl.api.trajectory import NOT_GENERATED, FinishReason, Trajectory, Turn
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import CLOSE, OPEN, ParseError, format_tool_call, parse_tool_call
-from kuberl_trainer.action_probes import CHECK, EDIT, ActionProbe
 from kuberl_trainer.batching import (
     collate,
     filters_uniform_groups,
@@ -43,6 +42,7 @@ from kuberl_trainer.batching import (
 from kuberl_trainer.learner_loop import loss_config_for
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import predict, token_logprobs, train_step
+from recipes.swe_toy.action_probes import CHECK, EDIT, ActionProbe
 
 # single tokens of the tiny tokenizer, both inside the error message and inside the call's JSON
 VALUES = ("total", "count", "budget", "price", "speed", "width", "score", "level")

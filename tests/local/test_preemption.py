@@ -16,9 +16,9 @@ import yaml
 from helpers.tiny_job import tiny_job_spec
 
 from kuberl.api.rljob import RLJob
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_app.one_machine.progress import ProgressPrinter
 from kuberl_app.one_machine.runner import run_job
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 AFTER_RETURN = 3  # steps trained on both replacements before the test stops the job

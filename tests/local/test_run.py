@@ -20,10 +20,10 @@ from helpers.tiny_job import tiny_job_spec
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.api.rljob import RLJob
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_app.one_machine.progress import ProgressPrinter
 from kuberl_app.one_machine.runner import run_job
 from kuberl_trainer.checkpoints.store import CheckpointStore
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

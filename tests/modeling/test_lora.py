@@ -20,7 +20,7 @@ from kuberl.modeling.lora import (
     adapter_tensor_shapes,
     peft_config,
 )
-from kuberl.modeling.tiny import build_tiny_model
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,8 @@ from monitoring.schema import (
     variable_values,
 )
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_sandbox.local import free_port
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ from starlette.routing import Route
 from kuberl.api.agents import AgentEnvironment
 from kuberl.api.sessions_http import OpenedSession, OpenSession
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tokenizer
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl.tokens import bearer, new_token
@@ -28,6 +27,7 @@ from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_rollout.recorded_sessions import SessionStore
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.weights import BucketAssembler
+from recipes.swe_toy.tiny_model import build_tokenizer
 
 TOKEN = new_token()
 TASK = generate(1, seed=3)[0]

@@ -11,9 +11,9 @@ from safetensors.torch import save
 
 from kuberl.api.environment import ToolCall
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tokenizer
 from kuberl.modeling.tool_calls import ParseError, format_tool_call, parse_tool_call
 from kuberl_rollout.weights import SHARED_MEMORY, BucketAssembler, WeightError, chunks_of
+from recipes.swe_toy.tiny_model import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from safetensors.torch import save
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import LoraSpec
 from kuberl.modeling.lora import adapter_tensor_shapes
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.tokens import bearer, new_token
 from kuberl_rollout.adapters import lora_engine_arguments
 from kuberl_rollout.server import RolloutSettings, build_app, engine_config
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 TOKEN = new_token()
 LORA = {"rank": 8, "alpha": 16.0, "targetModules": ["all-linear"]}

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from kuberl.api.spec import EngineSpec
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_rollout.engine import EngineConfig, engine_arguments
 from kuberl_trainer.algorithms.losses import k3
 from kuberl_trainer.token_scores import score_tokens
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 BOUND = 1e-3

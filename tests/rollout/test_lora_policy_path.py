@@ -15,7 +15,6 @@ from helpers.tiny_job import tiny_job_spec
 
 from kuberl.api.rljob import RLJob
 from kuberl.api.spec import FsdpSpec, LoraSpec
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.tokens import bearer, new_token
 from kuberl_rollout.server import RolloutSettings, build_app
 from kuberl_trainer.algorithms.losses import k3
@@ -23,6 +22,7 @@ from kuberl_trainer.export import policy_buckets
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.token_scores import score_tokens
 from kuberl_trainer.weight_transport import HttpBuckets
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 BOUND = 1e-3

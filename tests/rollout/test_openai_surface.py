@@ -12,7 +12,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tokenizer
 from kuberl.rewards import resolve_reward
 from kuberl.tokens import bearer, new_token
 from kuberl_rollout.agent import Agent, EpisodeLimits
@@ -23,6 +22,7 @@ from kuberl_rollout.openai_chat import TOOL_SYNTAX
 from kuberl_rollout.openai_stream import text_pieces
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.weights import BucketAssembler
+from recipes.swe_toy.tiny_model import build_tokenizer
 
 MODEL = "s3://models/tiny"
 CONTEXT = 2048

@@ -30,7 +30,6 @@ from kuberl.api.trajectory import Trajectory
 from kuberl.integrations.openenv_adapter import openenv_system_prompt
 from kuberl.integrations.openenv_guess import GUESSES, HIGH, LOW, GuessAction, GuessNumberEnvironment
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import ParseError, format_tool_call, parse_tool_call
 from kuberl.suites.seeds import HELD_OUT_EVERY
 from kuberl_trainer.algorithms.losses import LossConfig
@@ -40,6 +39,7 @@ from kuberl_trainer.policy import load_policy
 from kuberl_trainer.rollout_client import RolloutClient
 from kuberl_trainer.sft import supervised_fit
 from kuberl_trainer.step import predict, train_step
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

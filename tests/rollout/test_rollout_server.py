@@ -20,16 +20,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.api.environment import ToolCall
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl.tokens import bearer, new_token
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
-from kuberl_trainer.demonstrations import record_demonstration
+from kuberl_trainer.demonstrations import demonstration_tokens
 from kuberl_trainer.sft import supervised_fit
 from kuberl_trainer.weight_transport import StoredWeights
+from recipes.swe_toy.demonstrations import record_demonstration
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 TOKEN = new_token()
@@ -56,13 +57,14 @@ def world(tmp_path_factory):
         async def demo():
             client = SandboxClient(sandbox.url, sandbox.token)
             env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))
-            recorded = await record_demonstration(env, ChatFormat(tokenizer), SWE_SYSTEM_PROMPT, TASK, CALLS)
+            played = await record_demonstration(env, SWE_SYSTEM_PROMPT, TASK, CALLS)
             await env.close()
             await client.aclose()
-            return recorded
+            return played
 
-        demonstration = asyncio.run(demo())
-        assert demonstration.final_done
+        played = asyncio.run(demo())
+        assert played.finished
+        demonstration = demonstration_tokens(played.demonstration, ChatFormat(tokenizer))
         losses = supervised_fit(
             base, [(demonstration.token_ids, demonstration.loss_mask)], folder / "policy", steps=300, learning_rate=3e-3
         )

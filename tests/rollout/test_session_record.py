@@ -7,10 +7,10 @@ import pytest
 
 from kuberl.api.openai_http import ChatRequest
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tokenizer
 from kuberl_rollout.engine import Generation
 from kuberl_rollout.openai_chat import prompt_text
 from kuberl_rollout.recorded_sessions import SessionStore
+from recipes.swe_toy.tiny_model import build_tokenizer
 
 PAD, END = 0, 1  # the tiny tokenizer's special tokens: the answer's content leaves them out
 

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from conftest import REPO
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.swebench.factory import make_instances
 from kuberl.swebench.instances import load_instances
 from kuberl_app.one_machine.task_check import check_instances
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

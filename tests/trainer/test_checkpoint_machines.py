@@ -12,8 +12,8 @@ import subprocess
 import pytest
 from conftest import BIN, REPO
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.checkpoints.store import CheckpointStore
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

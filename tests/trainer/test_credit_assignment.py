@@ -17,7 +17,6 @@ import torch
 
 from kuberl.api.environment import ToolCall
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl_trainer.algorithms.advantages import (
     gae,
@@ -28,6 +27,7 @@ from kuberl_trainer.algorithms.advantages import (
     turn_returns,
 )
 from kuberl_trainer.algorithms.losses import LossConfig, policy_loss
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 GOOD, BAD = "x > bound", "x >= bound"
 

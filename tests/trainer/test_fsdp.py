@@ -13,7 +13,7 @@ from conftest import BIN
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from kuberl.modeling.tiny import build_tiny_model
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

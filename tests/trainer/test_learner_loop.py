@@ -19,10 +19,10 @@ import yaml
 from conftest import BIN
 from helpers.tiny_job import tiny_job_spec
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.tokens import bearer, new_token
 from kuberl_sandbox.local import free_port, wait_until_ready
 from kuberl_trainer.checkpoints.store import CheckpointStore
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 TOKEN = new_token()

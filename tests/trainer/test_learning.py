@@ -33,9 +33,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.api.rljob import RLJob
 from kuberl.modeling.chat import ChatFormat
-from kuberl.modeling.tiny import build_tiny_model
-from kuberl_trainer.action_probes import CHECK, EDIT, mean_logprobs
 from kuberl_trainer.sft import supervised_fit
+from recipes.swe_toy.action_probes import CHECK, EDIT, mean_logprobs
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

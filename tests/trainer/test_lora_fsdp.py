@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from kuberl.api.spec import LoraSpec
 from kuberl.modeling.lora import adapter_tensor_shapes
-from kuberl.modeling.tiny import build_tiny_model
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

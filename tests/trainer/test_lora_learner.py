@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM
 
 from kuberl.api.spec import FsdpSpec, LoraSpec
 from kuberl.modeling.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensor_shapes
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.adapters import trainable_parameters
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.checkpoints.store import CheckpointStore
@@ -22,6 +21,7 @@ from kuberl_trainer.export import export_policy, policy_buckets
 from kuberl_trainer.export import main as export_main
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import predict, train_step
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 LORA = LoraSpec(rank=4, alpha=8)
 CPU = torch.device("cpu")

@@ -18,9 +18,9 @@ from safetensors import safe_open
 
 from kuberl.api.spec import LoraSpec
 from kuberl.modeling.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensor_shapes
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl.tokens import bearer, new_token
 from kuberl_sandbox.local import free_port, wait_until_ready
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 TOKEN = new_token()

@@ -14,10 +14,10 @@ import torch
 from conftest import BIN
 
 from kuberl.api.spec import FsdpSpec
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import TokenBatch, forward, micro_batches, pack_by_tokens, predict, train_step
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 NO_AC = FsdpSpec(activation_checkpointing=False)
 LENGTHS = (40, 12, 33, 25, 40, 8)

@@ -14,8 +14,8 @@ import pytest
 from conftest import BIN, REPO
 from helpers.seaweedfs import seaweedfs
 
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.checkpoints.store import CheckpointStore
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 8, 2

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from kuberl.api.spec import LoraSpec
 from kuberl.modeling.lora import ADAPTER_CONFIG
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.sft import supervised_fit
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

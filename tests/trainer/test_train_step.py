@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from kuberl.api.spec import FsdpSpec
-from kuberl.modeling.tiny import build_tiny_model
 from kuberl_trainer.algorithms.losses import LossConfig
 from kuberl_trainer.export import policy_buckets, served_tensors
 from kuberl_trainer.policy import load_policy
 from kuberl_trainer.step import TokenBatch, first_scored, forward, predict, train_step
 from kuberl_trainer.value_head import has_value_head
+from recipes.swe_toy.tiny_model import build_tiny_model
 
 NO_AC = FsdpSpec(activation_checkpointing=False)
 
