@@ -20,6 +20,16 @@ sys.path.insert(0, str(REPO / "tests"))  # for `helpers`
 sys.path.insert(1, str(REPO))
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (pyproject.toml's addopts) with the longest files first (tests/helpers/file_scheduling.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from helpers.file_scheduling import LongestFirstFileScheduling
+
+    return LongestFirstFileScheduling(config, log)
+
+
 def tool(name: str) -> str:
     """A program from the virtual environment's bin (where `make install` puts helm, promtool and prometheus when the
     machine has none) or PATH; its bare name when neither has it, so the test fails saying which."""

@@ -3,6 +3,8 @@ local container storage lacks it and returns its reference; `image_rootfs` unpac
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import resource
@@ -10,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +25,20 @@ TOOLS = ("buildah", "podman", "skopeo", "debootstrap", "runc")
 
 _lock = threading.Lock()
 _checked: set[str] = set()
+# one image build at a time on this machine: pytest-xdist's workers (and two test runs) share the storage and the
+# debootstrap base, which two builders at once would both make
+BUILD_LOCK = Path("/var/tmp/kuberl-image-build.lock")
+
+
+@contextlib.contextmanager
+def exclusive_build() -> Iterator[None]:
+    """Hold the machine's image-build lock (across threads and processes) while building."""
+    with _lock, BUILD_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def missing_tools() -> list[str]:
@@ -51,7 +68,7 @@ def image_exists(reference: str) -> bool:
 def built_image(tier: str) -> str:
     """The local reference of `tier`'s image, built first (once per process) when the storage lacks it or it
     was built from an older checkout (the builder decides; a current image is reused in seconds)."""
-    with _lock:
+    with exclusive_build():
         reference = image_reference(tier)
         if tier not in _checked:
             if missing := missing_tools():

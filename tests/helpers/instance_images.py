@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import swe_repos
-from helpers.built_images import REPO, STORAGE, image_exists
+from helpers.built_images import REPO, STORAGE, exclusive_build, image_exists
 
 REPOSITORY = "localhost/kuberl-tests"
 REPOSITORIES = ("semver", "inflection")
@@ -88,15 +88,16 @@ def instance_rows() -> list[dict]:
 def shellless_image() -> str:
     """An image with the repository folder but no shell and no libc (nothing but /testbed)."""
     reference = f"{REPOSITORY}/no-shell:1"
-    if image_exists(reference):
-        return reference
-    container = _buildah("from", "scratch")
-    try:
-        with tempfile.TemporaryDirectory() as empty:
-            _buildah("copy", container, empty, WORKDIR)
-        _buildah("commit", "--quiet", container, reference)
-    finally:
-        _buildah("rm", container)
+    with exclusive_build():
+        if image_exists(reference):
+            return reference
+        container = _buildah("from", "scratch")
+        try:
+            with tempfile.TemporaryDirectory() as empty:
+                _buildah("copy", container, empty, WORKDIR)
+            _buildah("commit", "--quiet", container, reference)
+        finally:
+            _buildah("rm", container)
     return reference
 
 
@@ -156,6 +157,11 @@ def _inflection(work: Path) -> InstanceRepository:
 
 
 def _build(repository: InstanceRepository, work: Path) -> str:
+    with exclusive_build():
+        return _build_locked(repository, work)
+
+
+def _build_locked(repository: InstanceRepository, work: Path) -> str:
     base = _base_image()
     containerfile = CONTAINERFILE.replace("{packages}", " ".join(repository.packages))
     recipe = {"containerfile": containerfile, "base": base, "commit": repository.row["base_commit"]}
