@@ -35,7 +35,7 @@ def _read(uri: str) -> tuple[list[Demonstration], list[str]]:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as error:
-            return [], [f"{FIELD}: cannot read {uri}: {error}"]
+            return [], [f"{FIELD} file {uri} cannot be read ({error}): name a JSONL file of demonstrations that exists"]
     demos, problems = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

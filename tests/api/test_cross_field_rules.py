@@ -150,6 +150,13 @@ BROKEN = [
         True,
     ),
     (
+        "warm-up-landing-min-max",
+        with_spec(training={"warmup": {"demonstrations": "d.jsonl", "landing": {"min": 0.5, "max": 0.2}}}),
+        "spec.training.warmup.landing.max",
+        "must be at least min (0.5), got 0.2",
+        True,
+    ),
+    (
         "turn-within-trajectory-timeout",
         with_spec(environment={"turnTimeout": "2h", "trajectoryTimeout": "30m"}),
         "spec.environment.turnTimeout",

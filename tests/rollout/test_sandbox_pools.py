@@ -63,10 +63,13 @@ def test_a_task_with_an_image_opens_its_session_on_that_images_pool(sandbox, sec
         default = SandboxClient(sandbox.url, sandbox.token)
         pools = SandboxPools([default], sandbox.token, "job", SANDBOX, second_sandbox.url, lambda *w: waits.append(w))
         envs = [SandboxEnvironment(default, _no_reward, pools=pools) for _ in range(2)]
+        # The servers are shared by the run's tests, so count what this test opens, not what is open.
+        before = [await _sessions(sandbox.url), await _sessions(second_sandbox.url)]
         for env, task in zip(envs, (IMAGED, PLAIN), strict=True):
             await env.claim(task)
             await env.reset(task)
-        counts = [await _sessions(sandbox.url), await _sessions(second_sandbox.url)]
+        after = [await _sessions(sandbox.url), await _sessions(second_sandbox.url)]
+        counts = [a - b for a, b in zip(after, before, strict=True)]
         where = [env.client.base_url for env in envs]
         for env in envs:
             await env.close()

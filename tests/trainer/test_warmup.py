@@ -202,13 +202,36 @@ def test_a_warm_up_below_its_landing_floor_trains_on_and_the_demonstrations_grow
     assert checks[-1] > 10 * checks[0], checks  # the further steps are what lifts the successful calls
 
 
+def write_short_dataset(path, count: int = 8) -> str:
+    """Successful demonstrations of one short call each: their probability stays far above float underflow
+    even for an untrained model (a whole episode's product of token probabilities can round to 0.0)."""
+    tasks = load_tasks("swe-toy", split="train", count=count)
+    lines = [
+        json.dumps(
+            {
+                "taskId": task.task_id,
+                "messages": [
+                    {"role": "user", "content": task.prompt},
+                    {"role": "assistant", "content": call("submit")},
+                ],
+                "reward": 1.0,
+            }
+        )
+        for task in tasks
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 def test_a_warm_up_that_landed_stops_at_its_first_check(tiny, tmp_path):
-    stats = warm_up(landing_job(write_dataset(tmp_path / "d.jsonl"), 1e-200), tiny, tmp_path / "warm")
+    stats = warm_up(landing_job(write_short_dataset(tmp_path / "d.jsonl"), 1e-200), tiny, tmp_path / "warm")
     assert stats["extra_rounds"] == 0 and len(stats["landing"]) == 1 and stats["steps"] == 10 and stats["landed"]
 
 
 def test_a_warm_up_above_its_landing_ceiling_says_so_and_does_not_train_more(tiny, tmp_path, capsys):
-    stats = warm_up(landing_job(write_dataset(tmp_path / "d.jsonl"), 0.0, maximum=1e-200), tiny, tmp_path / "warm")
+    job = landing_job(write_short_dataset(tmp_path / "d.jsonl"), 0.0, maximum=1e-200)
+    stats = warm_up(job, tiny, tmp_path / "warm")
+    assert stats["landing"][0] > 1e-200, stats  # a probability above the ceiling, not an underflow
     assert stats["extra_rounds"] == 0 and not stats["landed"]
     assert "above landing.max" in capsys.readouterr().out
 
