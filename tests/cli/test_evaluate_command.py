@@ -66,12 +66,11 @@ def test_a_task_file_without_fail_to_pass_is_refused_naming_the_file_and_field(t
     assert "old.jsonl" in error and "failToPass" in error
 
 
-def test_an_expert_fraction_outside_zero_to_one_is_refused_naming_the_field(tmp_path):
-    job = job_file(
-        tmp_path, {"model": {"uri": "m"}, "training": {"warmup": {"demonstrations": 8, "expertFraction": 1.5}}}
-    )
+def test_a_landing_floor_outside_zero_to_one_is_refused_naming_the_field(tmp_path):
+    warmup = {"demonstrations": "d.jsonl", "landing": {"min": 1.5}}
+    job = job_file(tmp_path, {"model": {"uri": "m"}, "training": {"warmup": warmup}})
     error = one_line_error(kuberl("validate", job))
-    assert "spec.training.warmup.expertFraction" in error
+    assert "spec.training.warmup.landing.min" in error
 
 
 @pytest.mark.slow

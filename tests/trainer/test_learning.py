@@ -40,7 +40,7 @@ from recipes.swe_toy.tiny_model import build_tiny_model
 pytestmark = pytest.mark.slow
 
 SEED = 0
-EXPERT_FRACTION = 0.3  # spec.training.warmup.expertFraction in miniature
+EXPERT_FRACTION = 0.3  # the swe-toy recipe's --expert-fraction in miniature
 RL_STEPS = 30
 CONTROL_STEPS = 15
 """The broken runs are shorter, for runtime: by step 15 the real run's reward has risen by 0.19-0.37 over its
