@@ -9,7 +9,9 @@ policy version is a PEFT adapter folder with random, non-zero lora_B, loaded as 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +73,14 @@ def policy(tmp_path_factory):
     return base, peft_model, adapters
 
 
+def _flask_proxies_bound() -> contextlib.AbstractContextManager:
+    """vLLM's CPU kernel registration calls hasattr on every global of every imported module, and flask's
+    context proxies (`flask.request`, ...) raise RuntimeError outside a request. Another test file in the same
+    pytest worker may have imported flask (moto's S3 server does): give the proxies a request to resolve to."""
+    flask = sys.modules.get("flask")
+    return flask.Flask("vllm-in-process").test_request_context() if flask else contextlib.nullcontext()
+
+
 @pytest.fixture(scope="module")
 def llm(policy):
     """vLLM with the rollout engine's arguments (fp32, processed log-probs) and LoRA enabled."""
@@ -79,7 +89,8 @@ def llm(policy):
     from vllm import LLM
 
     arguments = engine_arguments(EngineConfig(str(policy[0]), EngineSpec(max_num_seqs=8), max_model_len=512))
-    engine = LLM(**arguments, enable_lora=True, max_lora_rank=RANK, max_loras=len(VERSIONS))
+    with _flask_proxies_bound():
+        engine = LLM(**arguments, enable_lora=True, max_lora_rank=RANK, max_loras=len(VERSIONS))
     yield engine
     del engine
 

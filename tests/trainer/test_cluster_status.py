@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from kuberl.api.status import LEARNER_STOPPED, CheckpointRef, Phase, Reason, RLJobStatus
+from kuberl_trainer import cluster_status
 from kuberl_trainer.cluster_status import ClusterStatus, learner_fields, with_stop_condition
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -69,7 +70,8 @@ def test_reports_are_rate_limited_unless_forced_and_never_repeat_themselves():
     assert kube.patches[0][0] == "/apis/kuberl.io/v1alpha1/namespaces/team/rljobs/job/status"
 
 
-def test_the_stop_report_merges_into_the_stored_conditions_and_a_failing_api_is_only_logged():
+def test_the_stop_report_merges_into_the_stored_conditions_and_a_failing_api_is_only_logged(monkeypatch):
+    monkeypatch.setattr(cluster_status, "STOP_REPORT_RETRY_S", 0.0)
     kube = RecordingKube({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Stopping"}]}})
     ClusterStatus(kube, "team", "job").stopped(RLJobStatus(phase=Phase.SUCCEEDED, reason=Reason.COMPLETED, step=9))
     body = kube.patches[0][1]["status"]
@@ -82,3 +84,20 @@ def test_the_stop_report_merges_into_the_stored_conditions_and_a_failing_api_is_
         get = patch
 
     ClusterStatus(Down(), "team", "job").stopped(RLJobStatus(step=1))  # does not raise
+
+
+def test_a_stop_report_that_times_out_is_tried_again(monkeypatch):
+    monkeypatch.setattr(cluster_status, "STOP_REPORT_RETRY_S", 0.0)
+
+    class SlowOnce(RecordingKube):
+        timed_out = False
+
+        def patch(self, path: str, body: dict) -> dict:
+            if not self.timed_out:
+                self.timed_out = True
+                raise TimeoutError("read timed out")
+            return super().patch(path, body)
+
+    kube = SlowOnce()
+    ClusterStatus(kube, "team", "job").stopped(RLJobStatus(phase=Phase.STOPPED, step=6))
+    assert [body["status"]["step"] for _, body in kube.patches] == [6]

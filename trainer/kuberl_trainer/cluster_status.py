@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 JOB_NAME_ENV, NAMESPACE_ENV = env_vars.JOB_NAME, env_vars.NAMESPACE
 MIN_INTERVAL_S = 5.0  # a step every second must not become a status write every second
+STOP_REPORT_ATTEMPTS = 3  # the stop report is the last write: no later one carries its final checkpoint
+STOP_REPORT_RETRY_S = 2.0  # within the learner's termination grace, which is minutes
 
 
 def learner_fields(status: RLJobStatus) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def with_stop_condition(conditions: list[dict[str, Any]], status: RLJobStatus, n
 class ClusterStatus:
     """Merge-patches the learner's fields into its RLJob's status, at most every MIN_INTERVAL_S unless
     forced (a checkpoint or the stop). A failed write is logged, never raised: training goes on, and the next
-    write carries the newest values."""
+    write carries the newest values; the stop report, which has no next write, is tried again."""
 
     def __init__(self, kube, namespace: str, name: str) -> None:
         self.kube = kube
@@ -81,7 +83,12 @@ class ClusterStatus:
             log.warning("could not read the RLJob status (%s); the stop report keeps only LearnerStopped", err)
             current = {}
         conditions = with_stop_condition(current.get("conditions") or [], status, datetime.now(UTC))
-        self._patch({"status": {**learner_fields(status), "conditions": conditions}})
+        for attempt in range(1, STOP_REPORT_ATTEMPTS + 1):
+            if self._patch({"status": {**learner_fields(status), "conditions": conditions}}):
+                return
+            if attempt < STOP_REPORT_ATTEMPTS:
+                time.sleep(STOP_REPORT_RETRY_S)
+        log.warning("the stop report was not written after %d attempts", STOP_REPORT_ATTEMPTS)
 
     def sandbox_pools(self) -> list[SandboxPoolStatus] | None:
         """The operator's view of the job's per-image sandbox pools (status.sandboxPools); None when the RLJob
@@ -99,9 +106,12 @@ class ClusterStatus:
                 log.warning("a sandbox pool status this learner cannot read: %s", err)
         return pools
 
-    def _patch(self, body: dict[str, Any]) -> None:
+    def _patch(self, body: dict[str, Any]) -> bool:
+        """Whether the write went through."""
         self.last_write = time.monotonic()
         try:
             self.kube.patch(self.path, body)
         except Exception as err:  # see the class docstring
             log.warning("could not write the RLJob status (%s)", err)
+            return False
+        return True
