@@ -329,8 +329,8 @@ class TaskSource(ApiModel):
     count: int | None = Field(None, ge=1, le=100_000)
     """Built-in suites only (tasks.uri unset): how many tasks to generate; unset: the suite's default (swe-toy:
     400, about a quarter held out). Task i is the same whatever the count, so a larger suite adds tasks to
-    both splits. A policy trained for several passes over a few hundred tasks learns them by heart: the
-    demo's policy solved 0.89 of its training tasks and 0.74 of the held-out ones (0.43 and 0.44 before RL)."""
+    both splits. A policy trained for several passes over a few hundred tasks learns them by heart (its
+    training tasks solved far more often than held-out ones): give it enough tasks to see each about once."""
     repos: StorageUri | None = None
     """Environment `swe-bench`: the mirror of git repositories the instances name, a folder (or `s3://` prefix)
     of `owner__name` repositories, bare or not. Episodes start from it and never reach the network. Not needed
