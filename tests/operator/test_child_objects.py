@@ -217,6 +217,7 @@ def valid_jobs(draw) -> RLJob:
     return RLJob.from_manifest(manifest)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(valid_jobs())
 def test_generated_specs_render_valid_kubernetes(job):

@@ -22,6 +22,8 @@ from kuberl.api.sandbox_images import pool_key, pool_service_name
 from kuberl_rollout.metrics import RolloutMetrics
 from kuberl_sandbox.local import free_port
 
+pytestmark = pytest.mark.slow  # a kopf process against the emulated API server in every test
+
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 SERVICES = f"/api/v1/namespaces/{NS}/services"
 AGENT_SANDBOX = f"/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{NS}"

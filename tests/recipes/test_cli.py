@@ -64,6 +64,7 @@ def test_demonstrations_writes_a_file_the_warm_up_reads(tmp_path):
     assert json.loads(out.read_text().splitlines()[0])["taskId"] == demos[0].task_id  # the camelCase wire form
 
 
+@pytest.mark.slow
 def test_demonstrations_take_the_seed_of_the_job_unless_given(tmp_path):
     def task_ids(*extra: str) -> list[str]:
         out = tmp_path / f"d{'-'.join(extra)}.jsonl"

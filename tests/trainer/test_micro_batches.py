@@ -134,6 +134,7 @@ def test_packing_by_tokens_gives_the_loss_and_gradient_of_one_micro_batch(model_
     assert grads[0].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_several_ranks_with_different_micro_batch_counts_train_like_one(model_dir, tmp_path):
     """2 FSDP ranks whose rows pack into different numbers of micro-batches (one idles through the
     difference) give the loss trajectory of 1 process with one micro-batch."""
