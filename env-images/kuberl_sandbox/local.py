@@ -10,16 +10,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from kuberl.api import env_vars
 from kuberl.api.command_lines import cli, sandbox_server_args
+from kuberl.http_probes import wait_until_ready
 from kuberl_sandbox.settings import ADVERTISE_ENV
 
 
@@ -68,21 +66,6 @@ def local_sandbox(
     finally:
         _stop(proc)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def wait_until_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    """Poll `url` until it answers 200; raise with the end of `log` if the process dies or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:

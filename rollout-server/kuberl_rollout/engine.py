@@ -101,6 +101,10 @@ class RolloutEngine:
             # vLLM on CPU otherwise runs its one worker in a third process (API server, engine core, worker),
             # each importing vLLM: in the engine core instead, a replacement server is ready in 17 s, not 24
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not _has_cuda():
+            # the engine core (started below, it reads this as it imports torch) runs eagerly anyway: without
+            # this its sampler still compiles a rank count with inductor at the first request, seconds of CPU
+            os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
         args = AsyncEngineArgs(
             **engine_arguments(self.config), worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True
         )

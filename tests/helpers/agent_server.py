@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
+from kuberl.http_probes import wait_until_ready
 from kuberl.tokens import bearer, new_token
-from kuberl_sandbox.local import free_port, wait_until_ready
+from kuberl_sandbox.local import free_port
 from recipes.swe_toy.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]

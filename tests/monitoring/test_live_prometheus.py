@@ -37,6 +37,7 @@ from monitoring.schema import (
     variable_values,
 )
 
+from kuberl.http_probes import answers
 from kuberl_sandbox.local import free_port
 from recipes.swe_toy.tiny_model import build_tiny_model
 
@@ -118,7 +119,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, operator: OperatorEndpoint) -
         result = LiveRun(url, time.time())
         targets = json.loads(targets_file.read_text())
         sandbox = next(t["targets"][0] for t in targets if t["labels"]["pod"] == "sandbox-0")
-        wait_for(lambda: _ready(f"http://{sandbox}/readyz") or run.poll() is not None, 60, "the sandbox")
+        wait_for(lambda: answers(f"http://{sandbox}/readyz", timeout=1) or run.poll() is not None, 60, "the sandbox")
 
         # Prometheus sees the sandbox's counters at 0 before the commands, so that their rates have an increase
         def scraped():
@@ -187,21 +188,11 @@ def start_prometheus(folder: Path, targets_file: Path, operator_port: int) -> tu
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return process.poll() is not None
+        return answers(f"{url}/-/ready", timeout=1) or process.poll() is not None
 
     wait_for(ready, 30, "prometheus")
     assert process.poll() is None, (folder / "prometheus.log").read_text()
     return process, url
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def drive_the_sandbox(address: str, token: str) -> None:

@@ -14,13 +14,11 @@ import httpx
 import pytest
 import torch
 from helpers.agent_server import AUTH, JOB_TOKEN
-from minisweagent.exceptions import Submitted
 from transformers import AutoTokenizer
 
 from kuberl.api.sessions_http import SessionInfo
 from kuberl.api.spec import AlgorithmSpec, FsdpSpec
 from kuberl.api.trajectory import Trajectory
-from kuberl.integrations.mini_swe_agent import SUBMIT, SandboxBashEnvironment, in_own_thread
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl_rollout.agent import EpisodeLimits
@@ -51,6 +49,11 @@ def mswea_server(sandbox, tmp_path_factory):
 
 
 def test_commands_run_in_the_sandbox_session_and_the_submit_command_submits(sandbox):
+    # imported here, not at collection: litellm's import alone takes seconds in every test worker
+    from minisweagent.exceptions import Submitted
+
+    from kuberl.integrations.mini_swe_agent import SUBMIT, SandboxBashEnvironment, in_own_thread
+
     async def play() -> tuple[list[dict], str, EpisodeEnvironment]:
         client = SandboxClient(sandbox.url, sandbox.token)
         env = SandboxEnvironment(client, resolve_reward("swe-toy-tests"))

@@ -19,13 +19,14 @@ from safetensors.torch import save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.api.environment import ToolCall
+from kuberl.http_probes import wait_until_ready
 from kuberl.modeling.chat import ChatFormat
 from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl.tokens import bearer, new_token
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
-from kuberl_sandbox.local import free_port, local_sandbox, wait_until_ready
+from kuberl_sandbox.local import free_port, local_sandbox
 from kuberl_trainer.demonstrations import demonstration_tokens
 from kuberl_trainer.sft import supervised_fit
 from kuberl_trainer.weight_transport import StoredWeights

@@ -19,8 +19,9 @@ import yaml
 from conftest import BIN
 from helpers.tiny_job import tiny_job_spec
 
+from kuberl.http_probes import wait_until_ready
 from kuberl.tokens import bearer, new_token
-from kuberl_sandbox.local import free_port, wait_until_ready
+from kuberl_sandbox.local import free_port
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from recipes.swe_toy.tiny_model import build_tiny_model
 

@@ -17,9 +17,10 @@ from helpers.tiny_job import tiny_job_spec
 from safetensors import safe_open
 
 from kuberl.api.spec import LoraSpec
+from kuberl.http_probes import wait_until_ready
 from kuberl.modeling.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_tensor_shapes
 from kuberl.tokens import bearer, new_token
-from kuberl_sandbox.local import free_port, wait_until_ready
+from kuberl_sandbox.local import free_port
 from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-import httpx
-
+from kuberl.http_probes import answers, wait_until_ready
 from kuberl_app.one_machine.processes import ProcessSpec
 
 BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
@@ -127,7 +126,7 @@ class Supervisor:
     def _probe_ready(self, m: Managed, now: float) -> None:
         """One readiness probe of a restarting process: ready, still starting, or out of time: killed, and the
         next poll sees it exit while starting and counts it as a crash, as after a failed liveness probe."""
-        if _answers(m.spec.ready_url, timeout=0.5):
+        if answers(m.spec.ready_url, timeout=0.5):
             self._became_ready(m)
             self._event(m.spec.name, "restarted")
         elif now >= m.ready_by:
@@ -152,7 +151,7 @@ class Supervisor:
     def _probe(self, m: Managed, now: float) -> None:
         """Liveness, like a kubelet's: a process that keeps failing its probe is killed (then restarted)."""
         m.next_probe = now + LIVENESS_PERIOD_S
-        alive = _answers(m.spec.live_url, timeout=2.0)
+        alive = answers(m.spec.live_url, timeout=2.0)
         m.live_failures = 0 if alive else m.live_failures + 1
         if m.live_failures >= LIVENESS_FAILURES:
             self.log(f"{m.spec.name} failed {m.live_failures} liveness probes ({m.spec.live_url}); killing it")
@@ -231,22 +230,7 @@ class Supervisor:
             m.proc = None
 
     def _wait_ready(self, m: Managed, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if m.proc.poll() is not None:
-                tail = m.spec.log.read_text()[-3000:] if m.spec.log.exists() else ""
-                raise RuntimeError(f"{m.spec.name} exited with {m.proc.returncode} while starting:\n{tail}")
-            if _answers(m.spec.ready_url, timeout=2.0):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"{m.spec.name} not ready after {timeout:.0f} s; see {m.spec.log}")
+        wait_until_ready(m.spec.ready_url, m.proc, m.spec.log, timeout, name=m.spec.name)
 
     def _event(self, name: str, what: str, **details) -> None:
         self.events.append({"time": time.time(), "process": name, "event": what, **details})
-
-
-def _answers(url: str, timeout: float) -> bool:
-    try:
-        return httpx.get(url, timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
