@@ -73,6 +73,25 @@ def test_a_process_failing_its_liveness_probe_is_replaced(tmp_path, monkeypatch)
         s.stop_all()
 
 
+def test_a_preempted_process_is_not_probed_while_it_shuts_down(tmp_path, monkeypatch):
+    """Preempted, a server stops answering before it exits (vLLM's shutdown): its failed probes in the notice
+    must not turn the preemption into a liveness kill."""
+    monkeypatch.setattr(supervision, "LIVENESS_PERIOD_S", 0.05)
+    lines: list[str] = []
+    spec = server(tmp_path, "rollout-0", live="ok")
+    # the preemption notice's SIGTERM closes the port at once and the process lingers a while, answering nothing
+    spec.argv[:] = ["sh", "-c", f"trap 'kill $child; sleep 1; exit 0' TERM; {spec.argv[2]} & child=$!; wait $child"]
+    s = Supervisor([spec], retry_budget=0, log=lines.append)
+    s.start("rollout-0")
+    try:
+        s.preempt("rollout-0")
+        until(lambda: s.poll() == [("rollout-0", 0)])
+        assert not any(e["event"] == "liveness-failed" for e in s.events) and s.preemptions == {"rollout": 1}
+        assert lines == ["rollout-0 preempted; starting its replacement"]
+    finally:
+        s.stop_all()
+
+
 def test_a_learner_that_exits_cleanly_is_not_restarted(tmp_path):
     spec = ProcessSpec("learner", "learner", [sys.executable, "-c", "pass"], {}, None, tmp_path / "learner.log")
     s = Supervisor([spec], retry_budget=0, log=lambda _: None)

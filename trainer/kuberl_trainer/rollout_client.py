@@ -72,6 +72,7 @@ class RolloutClient:
         ]
         self.boot_ids: list[str | None] = [None] * len(urls)
         self.down: set[int] = set()
+        self._lost: list[int] = []  # servers seen going down since the last collect, by whichever call saw it
         self.without_upcoming: set[int] = set()  # servers that do not know `POST /v1/upcoming` (older ones)
         self._turn = 0
 
@@ -129,8 +130,6 @@ class RolloutClient:
                     http.get("/v1/trajectories", params=query).raise_for_status().content
                 )
             except (httpx.TransportError, httpx.HTTPStatusError) as err:
-                if server not in self.down:
-                    out.lost.append(server)
                 self._mark_down(server, err)
                 continue
             previous = self.boot_ids[server]
@@ -138,10 +137,13 @@ class RolloutClient:
             rebooted = previous is not None and previous != body.boot_id
             if rebooted or server in self.down:
                 out.restarted.append(server)  # it may lack the current weights
-                if rebooted and server not in out.lost and server not in self.down:
-                    out.lost.append(server)  # restarted between two polls: its groups are gone too
+                if rebooted and server not in self.down and server not in self._lost:
+                    self._lost.append(server)  # restarted between two polls: its groups are gone too
             self.down.discard(server)
             out.trajectories += body.trajectories
+        # a server first found down by a submission or a weight update lost its groups as surely as one found
+        # down here: reported once, whichever call saw it go
+        out.lost, self._lost = self._lost, []
         if not out.trajectories:
             time.sleep(max(0.0, min(wait, MIN_EMPTY_COLLECT_S) - (time.monotonic() - started)))
         return out
@@ -188,4 +190,5 @@ class RolloutClient:
     def _mark_down(self, server: int, err: Exception) -> None:
         if server not in self.down:
             log.warning("rollout server %s is down (%s)", self.urls[server], err)
+            self._lost.append(server)
         self.down.add(server)

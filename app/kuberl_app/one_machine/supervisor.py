@@ -112,7 +112,7 @@ class Supervisor:
                 self.signal(name, signal.SIGKILL)  # the notice ran out, as a reclaimed node's does
             elif m.proc is not None and m.ready_by is not None:
                 self._probe_ready(m, now)
-            elif m.proc is not None and m.spec.live_url and now >= m.next_probe:
+            elif m.proc is not None and m.spec.live_url and now >= m.next_probe and not self._leaving(m):
                 self._probe(m, now)
             elif m.proc is None and m.restart_at is not None and now >= m.restart_at:
                 self._clear_group(m)
@@ -147,6 +147,12 @@ class Supervisor:
                 break
             time.sleep(0.1)
         m.last_group = None
+
+    @staticmethod
+    def _leaving(m: Managed) -> bool:
+        """Preempted or asked to stop: shutting down, it may stop answering before it exits. Like a kubelet
+        with a terminating pod, its liveness is not probed: it is not killed for failing probes it must fail."""
+        return m.preempted_at is not None or m.stopping
 
     def _probe(self, m: Managed, now: float) -> None:
         """Liveness, like a kubelet's: a process that keeps failing its probe is killed (then restarted)."""
