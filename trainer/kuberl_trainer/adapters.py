@@ -6,6 +6,8 @@ the trainer calls the PeftModel, which forwards `config`, `get_decoder` and the 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -22,10 +24,10 @@ def with_adapters(model, lora: LoraSpec):
 
 
 def has_adapters(model) -> bool:
-    """True for a PEFT-wrapped policy."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
+    """True for a PEFT-wrapped policy. Only a process that imported PEFT can hold one: one that did not (full
+    fine-tuning) is not made to import it for the answer, about a second of CPU at every learner start."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def base_of(model):
