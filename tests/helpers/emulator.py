@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import jsonpatch
 import yaml
 
 from helpers import emulator_discovery as discovery
@@ -416,7 +417,15 @@ def _emulator() -> Any:
                     meta["creationTimestamp"] = _now()  # the server's, whatever the client sent
             key = (request.resource, request.namespace, request.name)
             present = request.name is not None and key in self._objects and not self._objects[key].deleted
-            response = await super()._handle(request)
+            try:
+                response = await super()._handle(request)
+            except jsonpatch.JsonPatchException as err:
+                # kube-apiserver answers 422 when a JSON patch does not apply (a `test` op on a resourceVersion
+                # that moved on): kopf then waits for its next event, as it does on a cluster; a 500 made it
+                # resend the same stale patch with back-off for most of a minute
+                raise kmock.KubernetesError(
+                    status=422, reason="Invalid", message=f"the JSON patch failed: {err}"
+                ) from None
             if request.resource == crd_resource and request.action in (kmock.action.CREATE, kmock.action.UPDATE):
                 name = request.name or request.data["metadata"]["name"]
                 self.install_crd(self._objects[crd_resource, None, name].raw)

@@ -175,6 +175,26 @@ def test_the_emulator_refuses_an_apply_a_real_api_server_refuses(server, query, 
     assert api.get(f"/api/v1/namespaces/{NS}/configmaps/x") is None
 
 
+def test_the_emulator_refuses_a_json_patch_whose_test_fails_with_422_as_a_real_api_server_does(server):
+    """kopf removes its finalizer with a JSON patch that first tests the resourceVersion it saw; refused with
+    422 it waits for its next event, as on a cluster (an answer of 500 would have it resend the same patch)."""
+    api, _ = server
+    path = f"/api/v1/namespaces/{NS}/configmaps/tested"
+    api.post(
+        f"/api/v1/namespaces/{NS}/configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tested"}}
+    )
+    seen = api.get(path)["metadata"]["resourceVersion"]
+    api.patch(path, {"data": {"moved": "on"}})  # a newer write: the resourceVersion moved on
+    stale = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": seen},
+        {"op": "add", "path": "/metadata/labels", "value": {"late": "yes"}},
+    ]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        api.call("PATCH", path, stale, "application/json-patch+json")
+    assert err.value.code == 422 and json.loads(err.value.read())["reason"] == "Invalid"
+    assert "labels" not in api.get(path)["metadata"]
+
+
 def test_the_configuration_comes_from_the_charts_variables_and_is_fixed_at_start_up():
     env = {
         "KUBERL_OPERATOR_INTERVAL": "1.5",
