@@ -3,26 +3,20 @@ wait for a starting server to pass one. Used by `kuberl run`'s supervisor and by
 
 from __future__ import annotations
 
+import functools
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
-_client: httpx.Client | None = None
-_client_lock = threading.Lock()
 
-
+@functools.cache
 def _probe_client() -> httpx.Client:
     """One client for every probe of the process: a new client builds a TLS context (tens of milliseconds of
-    CPU) even for plain http, which a probe every few hundred milliseconds turns into a share of a core."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            # no pooled connection: a probe must not pass on a socket left from before its server restarted
-            _client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
-        return _client
+    CPU) even for plain http, which a probe every few hundred milliseconds turns into a share of a core. No
+    pooled connection: a probe must not pass on a socket left from before its server restarted."""
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def answers(url: str, timeout: float) -> bool:
