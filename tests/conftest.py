@@ -23,6 +23,9 @@ sys.path.insert(1, str(REPO))
 # copy-pretraining runs side by side, measured on 2 cores: 255 s with spinning threads, 82 s with sleeping ones).
 # Set before any test module imports torch; the processes the tests start inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# And one thread each: with three workers on two cores the machine is always full, so a second intra-op thread
+# only adds hand-overs between threads (the same three runs: 74 s with one thread each).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

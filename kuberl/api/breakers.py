@@ -1,8 +1,8 @@
 """The circuit breakers: when a job stops, in which phase, for which reason. One pure function for everyone.
 
 The learner checks it after every step (and stops first, so it can write a final checkpoint); the operator
-and `kuberl run` check the same function from outside, as the backstop, with what they can see (the step,
-the wall clock, the time since the last step). `PHASES` says which phase each stop reason ends in, so a
+and `kuberl run` check the same function from outside, as the backstop (`backstop_for`), with what they can
+see (the wall clock, the time since the last step). `PHASES` says which phase each stop reason ends in, so a
 breaker reported by the learner, tripped by the operator, or tripped by `kuberl run` ends the job the same
 way, and the alerts (charts/kuberl/files/alerts.yaml) expect exactly that.
 """
@@ -71,6 +71,19 @@ def stop_for(spec: RLJobSpec, progress: Progress) -> Stop | None:
     """The first limit `progress` has reached, or None to keep training."""
     reached = _reached(spec, progress)
     return None if reached is None else Stop(phase_for(reached[0]), reached[0], reached[1])
+
+
+LEARNER_STEP_LIMITS = frozenset({Reason.COMPLETED, Reason.MAX_STEPS_REACHED})
+"""The limits the learner reaches at a step boundary and stops itself at, after a final checkpoint and the
+exported policy. Tripped from outside, they would end the job (and scale its learner to zero) while that
+checkpoint is still being written, with an older one in the status."""
+
+
+def backstop_for(spec: RLJobSpec, progress: Progress) -> Stop | None:
+    """`stop_for` as the operator and `kuberl run` check it from outside, with what they see: the limits on time
+    (the wall clock, progress), which a stuck learner cannot check; the step limits are the learner's own."""
+    stop = stop_for(spec, progress)
+    return stop if stop is not None and stop.reason not in LEARNER_STEP_LIMITS else None
 
 
 def _reached(spec: RLJobSpec, progress: Progress) -> tuple[Reason, str] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from kuberl.api.breakers import Progress, clock_started_at, phase_for, stop_for
+from kuberl.api.breakers import Progress, backstop_for, clock_started_at, phase_for
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import SANDBOX_ISOLATED, TERMINAL_PHASES, Condition, PerTier, Phase, Reason, RLJobStatus
 from kuberl_operator.meta import LEARNER, ROLLOUT, SANDBOX
@@ -162,11 +162,11 @@ def _breaker(spec: RLJobSpec, status: RLJobStatus, observed: Observed) -> Decisi
         return _finish(status, now, phase_for(reason), reason, message)
     if status.phase not in _CLOCK_PHASES:
         return None
-    # the learner's own breakers on the step, the wall clock and progress, checked from outside (the same function)
+    # the learner's breakers on the wall clock and progress, checked from outside (the same rule as `kuberl run`)
     idle = None
     if status.phase == Phase.RUNNING and observed.last_progress is not None:
         idle = (now - observed.last_progress).total_seconds()
-    if tripped := stop_for(spec, Progress(status.step, status.running_seconds, seconds_since_step=idle)):
+    if tripped := backstop_for(spec, Progress(status.step, status.running_seconds, seconds_since_step=idle)):
         return _finish(status, now, tripped.phase, tripped.reason or Reason.COMPLETED, tripped.message)
     return None
 

@@ -1,4 +1,4 @@
-"""The tampering reasons (issue 17): one fixed set the sandbox, the rollout tier and the docs share."""
+"""The tampering reasons: one fixed set the sandbox, the rollout tier and the docs share."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 CLUSTER_SCOPED = {("", "nodes"), ("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions")}
 CHILD_VERBS = {"get", "create", "patch", "delete"}
 
-# The operator's rules on namespaced resources, as the brief for issue 9 lists them (kuberl.io group first).
+# The operator's rules on namespaced resources, as the operator's brief lists them (kuberl.io group first).
 NAMESPACED_RULES = {
     (GROUP, "rljobs"): {"get", "list", "watch", "patch", "update"},
     (GROUP, "rljobs/status"): {"get", "patch", "update"},

@@ -76,6 +76,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 INIT = Path(__file__).with_name("container_init.py")
 PROBE_PERIOD_CAP_S = 2.0
 TICK_S = 0.2
+OPENMP_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")
 # the venv's interpreter lives under /root (0700 here): pods running as another uid see it through a
 # tmpfs over its parent in their own mount namespace (container_init.py)
 INTERPRETER_HOME = Path(sys.base_prefix).parents[1]  # e.g. /root/.pyenv
@@ -586,7 +587,9 @@ class NodeAgent:
         self.pods_dir = Path(tempfile.mkdtemp(prefix="kuberl-node-", dir="/var/tmp"))
         self.network = NodeNetwork(workdir)
         self.host_ports = host_ports
-        self.extra_env = extra_env or {}
+        # the machine's OpenMP settings (tests/conftest.py), as a node's container runtime would set them: the
+        # pods of three test workers share two cores, where a second spinning thread per process only waits
+        self.extra_env = {**{k: os.environ[k] for k in OPENMP_ENV if k in os.environ}, **(extra_env or {})}
         self.images = project_images()
         self.local_images = local_images
         self.resolved: dict[str, Image] = {}  # pod image reference -> what runs it

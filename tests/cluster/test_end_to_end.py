@@ -1,4 +1,4 @@
-"""From `kubectl apply` to a trained policy, with the operator's own pods running for real (issue 19).
+"""From `kubectl apply` to a trained policy, with the operator's own pods running for real.
 
 The operator runs unchanged (`kuberl operator`) against the emulated API server; the test node agent
 (tests/cluster/kubelet.py) runs the pods it creates, each in its own network namespace, from the very
@@ -164,7 +164,7 @@ def is_ready(obj: dict[str, Any]) -> bool:
 
 
 def test_apply_train_lose_a_rollout_pod_succeed_and_delete(cluster, monkeypatch):
-    """Two of the issue's scenarios in one job, to fit the time: apply -> Running -> steps -> Succeeded at
+    """Two scenarios in one job, to fit the time: apply -> Running -> steps -> Succeeded at
     training.totalSteps with the checkpoint in S3, and a rollout pod deleted mid-run -> replaced, with no
     training step lost or repeated."""
     api, kubectl, folder = cluster["api"], cluster["kubectl"], cluster["folder"]
@@ -301,7 +301,7 @@ def job_pods(api: Api, job: str) -> list[str]:
 
 
 def test_kill_the_learner_suspend_resume_and_stop_at_the_wall_clock(cluster, monkeypatch):
-    """Three of the issue's scenarios in one job, to fit the time: the learner's process killed -> its
+    """Three scenarios in one job, to fit the time: the learner's process killed -> its
     container restarts and resumes from the newest complete checkpoint in S3; suspended -> every pod gone
     after a final checkpoint, resumed -> training continues from it; a wall-clock limit -> Stopped with
     MaxWallClockReached and a final checkpoint. The limit is lowered on the running job (to one it has

@@ -10,7 +10,7 @@ import yaml
 from conftest import tool
 from monitoring.schema import ALERT_TESTS, ALERTS, alert_rules, selectors
 
-# Every alert the issue asks for, by what it watches.
+# Every alert the operator ships, by what it watches.
 EXPECTED = {
     "KubeRLJobFailed",
     "KubeRLJobStoppedByBreaker",

@@ -1,6 +1,6 @@
 """The Grafana dashboards (charts/kuberl/files/dashboards/*.json): an overview of every job and a per-job
 dashboard with a row per tier, on a `datasource` variable, every job query filtered by `namespace` and `rljob`,
-and the panels the issue asks for. test_live_prometheus.py runs every query against a real Prometheus."""
+and the panels an operator of a job needs. test_live_prometheus.py runs every query against a real Prometheus."""
 
 from __future__ import annotations
 

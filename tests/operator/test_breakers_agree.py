@@ -1,8 +1,9 @@
 """One breaker rule for everyone: the learner, the operator and `kuberl run` end a job in the same phase with
-the same reason for every breaker, and the alerts expect exactly that phase (issue 18, item 2).
+the same reason for every breaker, and the alerts expect exactly that phase.
 
-The learner and both backstops call `kuberl.api.breakers.stop_for`; the operator turns the learner's own
-report (its `LearnerStopped` condition) into a phase with `phase_for`. These tests drive each of the three
+The learner calls `kuberl.api.breakers.stop_for`, both backstops `backstop_for` (the same rule less the step
+limits, which the learner stops itself at); the operator turns the learner's own report (its `LearnerStopped`
+condition) into a phase with `phase_for`. These tests drive each of the three
 with the situation that trips each breaker and compare what they decide.
 """
 
@@ -14,10 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kuberl.api.breakers import PHASES, Progress, phase_for, stop_for
+from kuberl.api.breakers import LEARNER_STEP_LIMITS, PHASES, Progress, backstop_for, phase_for, stop_for
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import Phase, Reason, RLJobStatus
-from kuberl_app.one_machine.runner import outside_breaker
 from kuberl_operator.lifecycle import LearnerStop, Observed, TierState, next_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,13 +74,22 @@ def test_a_breaker_the_learner_trips_ends_the_job_alike_in_the_operator(reason):
 @pytest.mark.parametrize("reason", list(OUTSIDE_TRIPS), ids=str)
 def test_a_breaker_the_backstops_trip_ends_the_job_alike_in_the_operator_and_kuberl_run(reason):
     step, running, idle = OUTSIDE_TRIPS[reason]
-    local = outside_breaker(SPEC, step, running, idle)
+    local = backstop_for(SPEC, Progress(step, running, seconds_since_step=idle))
     assert local is not None and (local.phase, local.reason) == (phase_for(reason), reason)
     assert operator_decides(step, running, idle) == (local.phase, reason)
 
 
+@pytest.mark.parametrize("reason", sorted(LEARNER_STEP_LIMITS), ids=str)
+def test_at_a_step_limit_the_backstops_wait_for_the_learners_own_stop(reason):
+    """The learner is writing its final checkpoint and exporting the policy: ending the job from outside now
+    would scale it to zero under that work and leave an older checkpoint in the status."""
+    step = LEARNER_TRIPS[reason].step
+    assert backstop_for(SPEC, Progress(step, 60, seconds_since_step=5.0)) is None
+    assert operator_decides(step, 60, idle=5.0) == (Phase.RUNNING, None)
+
+
 def test_no_progress_fails_the_job_everywhere():
-    """It was Stopped in the operator and Failed in `kuberl run`, and the alert expected Failed."""
+    """A hang ends in Failed in the operator and in `kuberl run`, as the alert expects."""
     assert phase_for(Reason.NO_PROGRESS) == Phase.FAILED
 
 

@@ -381,16 +381,24 @@ def test_the_sandbox_tier_follows_the_rollout_tiers_demand(cluster):
     assert api.get(sandbox)["spec"]["replicas"] == 3
 
 
+LEARNER_STOPPED_AT_MAX_STEPS = {"type": "LearnerStopped", "status": "True", "reason": "MaxStepsReached"}
+"""The learner's stop report at limits.maxSteps (after its final checkpoint): the step limits are its own."""
+
+
 @pytest.mark.parametrize(
-    ("name", "limits", "step", "reason"),
-    [("steps", {"maxSteps": 20}, 20, "MaxStepsReached"), ("clock", {"maxWallClock": "2s"}, 1, "MaxWallClockReached")],
+    ("name", "limits", "report", "reason"),
+    [
+        ("steps", {"maxSteps": 20}, {"step": 20, "conditions": [LEARNER_STOPPED_AT_MAX_STEPS]}, "MaxStepsReached"),
+        ("clock", {"maxWallClock": "2s"}, {"step": 1}, "MaxWallClockReached"),
+    ],
 )
-def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limits, step, reason):
+def test_breaker_stops_the_job_and_scales_every_tier_to_zero(cluster, name, limits, report, reason):
     api, operator = cluster
     create_job(api, name, training={"totalSteps": 20}, limits=limits)
     wait_phase(api, name, "Initializing")
     start_all(api, name)
-    api.patch(f"{RLJOBS}/{name}/status", {"status": {"step": step}})
+    step = report["step"]
+    api.patch(f"{RLJOBS}/{name}/status", {"status": report})
     stopped = wait_phase(api, name, "Stopped")
     assert stopped["reason"] == reason and stopped["completionTime"]
     wait_for("tiers scaled to zero", lambda: replicas(api, name) == {"learner": 0, "rollout": 0})

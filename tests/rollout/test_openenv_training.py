@@ -1,4 +1,4 @@
-"""An OpenEnv environment trained end to end (issue 21, item 4): a real rollout server (vLLM on CPU) whose job
+"""An OpenEnv environment trained end to end: a real rollout server (vLLM on CPU) whose job
 names the number-guessing game (`spec.environment.name: openenv:...GuessNumberEnvironment`, reward
 `openenv-return`) plays its episodes with the built-in agent loop, and the learner's own code trains a tiny
 model on them with GRPO, publishing the new weights after every step.

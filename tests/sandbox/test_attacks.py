@@ -1,4 +1,4 @@
-"""The attack battery's file-layer escapes (issue 16, rows 1-7), each replayed against a real root server.
+"""The attack battery's file-layer escapes, each replayed against a real root server.
 
 "Agent" attacks use only an episode's own tool calls and commands; "caller" attacks hold the token and send
 concurrent requests or crafted snapshots. Each test failed on the server as it was before the file layer ran

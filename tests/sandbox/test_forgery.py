@@ -1,14 +1,13 @@
-"""Reward integrity (issue 17): an episode cannot raise its own swe-toy score without fixing the bug.
+"""Reward integrity: an episode cannot raise its own swe-toy score without fixing the bug.
 
 RL optimises what the reward measures: if the agent's code can make the tests report success, a policy that
 finds the trick is rewarded for it. An attack battery forged a higher score in 15 of 19 ways, each done only
-through an episode's own tool calls. Every row of the issue's table is replayed here as an agent would do it
+through an episode's own tool calls. Every row of the attack table below is replayed here as an agent would do it
 (`write_file`, `replace` and `run` through `/step`, the bug left in place), with variants the new scoring
 invites (links past the cleaning, a report faked with the nonce read from argv, the hidden tests read from
 disk, a workspace the scoring copy cannot take); then `run_tests` and `submit` are scored against the honest
 score of the same unfixed task, measured in the same run: no more passed, and `resolved` False (a verdict
-missing makes the swe-toy reward raise, so the episode would go unscored instead of scoring 0). On the server
-before issue 17, 19 of these rows forged a higher score and the two unscorable ones gave no verdict.
+missing makes the swe-toy reward raise, so the episode would go unscored instead of scoring 0).
 
 The sandbox has two scoring paths, and each is attacked:
 
@@ -39,7 +38,7 @@ import pytest
 from kuberl.suites.swe_toy import generate
 
 TASK = generate(1)[0]
-"""A task whose honest, unfixed score is 1/4 hidden and 1/2 visible (the issue's example)."""
+"""A task whose honest, unfixed score is 1/4 hidden and 1/2 visible (the attack table's example)."""
 META = TASK.metadata
 MODULE, FILE, TARGET = META["module"], META["file"], META["function"]
 VISIBLE_TEST = f"test_{MODULE}.py"
@@ -384,7 +383,7 @@ def user_site(name: str, content: str) -> tuple[Call, ...]:
 class Forgery:
     id: str
     row: str
-    """The row of the issue's table."""
+    """The row of the attack table."""
     calls: tuple[Call, ...]
     in_process: bool = False
     """Code running inside the test process: a known limit of the hardened unittest path."""

@@ -1,5 +1,5 @@
 """Learning regression: a short, real RL run with the learner's own code learns, and stops learning when
-learning is broken; the trained policy credits the edit, not the check (issue 15, items 5 and 6).
+learning is broken; the trained policy credits the edit, not the check.
 
 The task (helpers/toy_rl.py) is the seed's credit-assignment episode in miniature: first check the error
 (`run_tests`, always the same call), whose message quotes the right value and the buggy one; then an edit

@@ -22,7 +22,7 @@ first, which would favour short episodes); the rest are surplus, counted and lef
 they would be off-policy. A replacement is drawn only when the groups still running cannot fill the batch.
 Async mode keeps `oversampling` times its batches in flight.
 
-Tampering (issue 17): a trajectory whose sandbox judged a test report forged carries the reason
+Tampering: a trajectory whose sandbox judged a test report forged carries the reason
 (`Trajectory.tampering`, scored 0). Every finished group's such members are counted as the group finishes,
 whether it is then trained, dropped for no signal or too stale, so a policy that learns to forge shows up
 even when all its groups score 0 and are dropped.

@@ -29,9 +29,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import ValidationError
 
 from kuberl.api import env_vars
-from kuberl.api.breakers import Progress, Stop, clock_started_at, phase_for, stop_for, wall_clock_elapsed
+from kuberl.api.breakers import Progress, Stop, backstop_for, clock_started_at, phase_for, wall_clock_elapsed
 from kuberl.api.rljob import RLJob
-from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import PerTier, Phase, Reason, RLJobStatus
 from kuberl.job_metrics import JobMetrics
 from kuberl.tokens import write_token_file
@@ -51,7 +50,6 @@ from kuberl_sandbox.local import free_port
 POLL_S = 0.5
 STOP_GRACE_S = 300.0  # a learner's final checkpoint of a large model takes a while
 TARGETS_FILE = "prometheus_targets.json"
-_LEARNER_STEP_LIMITS = frozenset({Reason.COMPLETED, Reason.MAX_STEPS_REACHED})
 # The reason of each phase the runner itself is in (a stopped job's reason is its Stop's).
 _RUNNER_REASONS = {
     Phase.PENDING: Reason.CREATED,
@@ -378,7 +376,8 @@ def _monitor(
                 breaker = Stop(Phase.STOPPED, None, f"stopped by {stop_requested[0]} after a final checkpoint")
             else:  # the job's breakers from outside, as the operator checks them (the same function)
                 step = lines[-1]["step"] if lines else 0
-                breaker = outside_breaker(job.spec, step, elapsed, time.monotonic() - last_progress)
+                idle = time.monotonic() - last_progress
+                breaker = backstop_for(job.spec, Progress(step, elapsed, seconds_since_step=idle))
             if breaker is not None:
                 out.message(f"stopping: {breaker.message}")
                 supervisor.stop("learner")  # it writes a final checkpoint, then exits
@@ -388,13 +387,6 @@ def _monitor(
                 out.message("the learner did not stop in time; killing it (its last complete checkpoint stands)")
             return breaker
         time.sleep(POLL_S)
-
-
-def outside_breaker(spec: RLJobSpec, step: int, elapsed: float, idle: float) -> Stop | None:
-    """The job's breakers as `kuberl run` checks them from outside: `stop_for`, as the operator does. At its
-    step limits the learner stops itself (and exports the policy), so those need no signal from here."""
-    stop = stop_for(spec, Progress(step, elapsed, seconds_since_step=idle))
-    return stop if stop is not None and stop.reason not in _LEARNER_STEP_LIMITS else None
 
 
 def _lines(run_dir: Path) -> list[dict]:
