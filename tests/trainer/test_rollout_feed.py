@@ -227,6 +227,33 @@ def test_when_every_server_is_down_groups_wait_and_are_placed_later():
     assert len(batch.trajectories) == 4 and [g.task_id for g in queue.submitted] == ["t0", "t1"]
 
 
+def test_a_server_lost_between_two_submissions_of_a_wave_leaves_no_group_out():
+    """The server dies after taking the wave's first group and before its second: the second waits for a
+    server like the first (resubmitted), and the batch is the whole wave once the replacement is up."""
+    queue = WorkQueue()
+    submit, crashed = queue.submit, []
+
+    def dies_after_the_first(task_id: str, size: int, seed: int) -> SubmittedGroup:
+        if len(queue.submitted) == 1 and not crashed:
+            crashed.append(queue.crash(0))
+        return submit(task_id, size, seed)
+
+    queue.submit = dies_after_the_first
+    f = feed(queue, asynchronous=False)
+    polls = itertools.count()
+
+    def servers() -> bool:
+        poll = next(polls)
+        if poll == 2:
+            queue.down.clear()  # the replacement is up
+        queue.finish(version=0)
+        return poll > 50  # a wave left short would wait forever: give up, and fail below
+
+    batch = f.next_batch(version=0, stop=servers, poll=0)
+    assert batch is not None and len(batch.trajectories) == 4
+    assert sorted({t.task_id for t in batch.trajectories}) == ["t0", "t1"]
+
+
 def test_errored_trajectories_are_left_out_and_counted_after_the_reruns():
     queue = WorkQueue()
     f = feed(queue, asynchronous=False)

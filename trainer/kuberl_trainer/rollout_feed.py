@@ -267,9 +267,11 @@ class RolloutFeed:
             drawn = self._next_task()
             if drawn is None:
                 return  # no task's image is usable: the learner stops (UnusableImages.stop)
-            if not self._place(*drawn):
-                return  # every server is down: try again at the next poll
             self.cursor += 1
+            if not self._place(*drawn):
+                # every server is down: the group waits for one, as the wave's groups already placed do (in
+                # sync mode a wave is drawn once; a group not drawn now would never be)
+                self._unplaced.append(drawn)
 
     def _next_task(self) -> tuple[str, int] | None:
         """The (task, seed) at the cursor: tasks in order, a seed of its own for every draw. Tasks whose image
