@@ -29,10 +29,34 @@ class SandboxEndpoint:
     pid: int
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_LISTEN_PORT = 10_000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free on 127.0.0.1 now, for a server started next, drawn below the kernel's ephemeral range. A port
+    the kernel hands out (a bind to port 0) is one it hands to the next outgoing connection or port-0 listener too
+    (vLLM's own sockets, any HTTP client): the server started a second later found it taken."""
+    ephemeral = _first_ephemeral_port()
+    if ephemeral - LOWEST_LISTEN_PORT >= 1000:
+        for _ in range(100):
+            port = LOWEST_LISTEN_PORT + secrets.randbelow(ephemeral - LOWEST_LISTEN_PORT)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # no room below the ephemeral range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _first_ephemeral_port() -> int:
+    try:
+        return int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 @contextmanager

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
 import httpx
 from fastapi.testclient import TestClient
@@ -30,6 +29,7 @@ from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_rollout.sandbox_pools import SandboxPools
 from kuberl_rollout.service import RolloutService
 from kuberl_rollout.weights import BucketAssembler
+from kuberl_sandbox.local import free_port
 from kuberl_trainer.rollout_client import RolloutClient
 
 IMAGE = "ghcr.io/acme/env-django:1"
@@ -42,12 +42,6 @@ SESSION = {"sessionId": "s1", "taskId": IMAGED.task_id, "observation": "the task
 
 def _no_reward(context):
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _sessions(url: str) -> int:

@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 
 import pytest
 from conftest import BIN, REPO
 
+from kuberl_sandbox.local import free_port
 from kuberl_trainer.checkpoints.store import CheckpointStore
 from recipes.swe_toy.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_gang(model, store_dir, out, staging_root, steps: int) -> None:
