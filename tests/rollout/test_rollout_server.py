@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -25,6 +26,7 @@ from kuberl.modeling.tool_calls import SWE_SYSTEM_PROMPT, format_tool_call
 from kuberl.rewards import resolve_reward
 from kuberl.suites.swe_toy import generate
 from kuberl.tokens import bearer, new_token
+from kuberl_rollout.engine import _only_thread
 from kuberl_rollout.sandbox_client import SandboxClient, SandboxEnvironment
 from kuberl_sandbox.local import free_port, local_sandbox
 from kuberl_trainer.demonstrations import demonstration_tokens
@@ -139,6 +141,20 @@ def collect(url: str, count: int, timeout: float = 120) -> list[dict]:
         found += API.get(url + "/v1/trajectories", params={"wait": 10}, timeout=30).json()["trajectories"]
     assert len(found) == count, f"only {len(found)} of {count} trajectories"
     return found
+
+
+def test_only_a_process_without_other_threads_forks_its_engine_core():
+    """A fork copies only the thread that forks: a lock another thread held stays locked in the engine core."""
+    probe = [sys.executable, "-c", "from kuberl_rollout.engine import _only_thread; print(_only_thread())"]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "True"
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert not _only_thread()
+    finally:
+        release.set()
+        other.join()
 
 
 def test_a_multi_turn_trajectory_is_recorded_token_in_token_out(world):
