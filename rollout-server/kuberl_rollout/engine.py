@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -94,22 +95,19 @@ class RolloutEngine:
     async def start(self) -> None:
         """Build the engine (tens of seconds on CPU)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        cpu = not _has_cuda()
+        if cpu:
+            _run_eagerly_on_cpu(self.config.spec.tensor_parallel_size)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if not _has_cuda() and self.config.spec.tensor_parallel_size == 1:
-            # vLLM on CPU otherwise runs its one worker in a third process (API server, engine core, worker),
-            # each importing vLLM: in the engine core instead, a replacement server is ready in 17 s, not 24
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if not _has_cuda():
-            # the engine core (started below, it reads this as it imports torch) runs eagerly anyway: without
-            # this its sampler still compiles a rank count with inductor at the first request, seconds of CPU
-            os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+        if cpu:
+            _inspect_architectures_here(self.config.model_path)
         args = AsyncEngineArgs(
             **engine_arguments(self.config), worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True
         )
         config = args.create_engine_config()  # on CPU this sets vLLM's process start method to spawn
-        if not _has_cuda() and self.config.spec.tensor_parallel_size == 1 and _only_thread():
+        if cpu and self.config.spec.tensor_parallel_size == 1 and _only_thread():
             # spawn is there for the OpenMP settings of tensor-parallel workers, read as a new process loads
             # OpenMP; one engine core with its worker needs none, and a fork skips a second import of vLLM and
             # torch: 12 CPU-s to a ready engine instead of 21. Only from a process with no other thread to fork.
@@ -274,6 +272,36 @@ def _versions(spans, count: int, fallback: int) -> list[int]:
         for i in range(span.start, min(span.end, count)):
             versions[i] = int(span.version)
     return versions
+
+
+def _run_eagerly_on_cpu(tensor_parallel_size: int) -> None:
+    """vLLM's process settings for an engine on CPU."""
+    # the engine runs eagerly anyway: without this its sampler still compiles a rank count with inductor at the
+    # first request (a C++ compiler run per kernel, per pod where /tmp holds no cache). A spawned engine core
+    # reads the variable as it imports torch; a forked one inherits this process's setting, read when something
+    # (transformers) first imported torch._dynamo.
+    os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+    import torch._dynamo.config
+
+    torch._dynamo.config.disable = os.environ["TORCH_COMPILE_DISABLE"] == "1"
+    if tensor_parallel_size == 1:
+        # vLLM on CPU otherwise runs its one worker in a third process (API server, engine core, worker), each
+        # importing vLLM: in the engine core instead, a replacement server is ready in 17 s, not 24
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _inspect_architectures_here(model_path: str) -> None:
+    """Register the model's architectures with their classes, imported in this process. vLLM otherwise inspects
+    a lazily registered class in a fresh interpreter, to keep CUDA out of this one: 10 CPU-s at every start whose
+    cache under HOME is empty, as a new pod's is. On CPU there is no CUDA to keep out, and a forked engine core
+    inherits the import it would make anyway."""
+    from vllm import ModelRegistry
+
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    for architecture in config.get("architectures") or []:
+        registered = ModelRegistry.models.get(architecture)
+        if hasattr(registered, "load_model_cls"):  # registered lazily, by module and class name
+            ModelRegistry.register_model(architecture, registered.load_model_cls())
 
 
 def _has_cuda() -> bool:

@@ -95,8 +95,11 @@ def world(tmp_path_factory):
         }
         (folder / "job.yaml").write_text(yaml.safe_dump(job))
         port = free_port()
+        (folder / "tmp").mkdir()
         env = {
             **os.environ,
+            "TMPDIR": str(folder / "tmp"),  # where torch's compilers would put their work
+            "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),  # empty, as a new pod's
             "KUBERL_SANDBOX_TOKEN": sandbox.token,
             "KUBERL_JOB_TOKEN": TOKEN,
             "HF_HUB_OFFLINE": "1",
@@ -126,6 +129,8 @@ def world(tmp_path_factory):
                 "policy": folder / "policy",
                 "tokenizer": tokenizer,
                 "demonstration": demonstration,
+                "tmp": folder / "tmp",
+                "vllm_cache": folder / "vllm-cache",
             }
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -201,6 +206,21 @@ def test_sampling_logprobs_match_transformers(world):
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out["token_ids"])[:, None])[:, 0]
     mismatch = (expected - torch.tensor(out["logprobs"]["token_logprobs"])).abs().max().item()
     assert mismatch < 1e-4, mismatch  # fp32 on CPU: the train/inference mismatch is numerical noise
+
+
+def test_the_engine_on_cpu_compiles_nothing_as_it_samples(world):
+    """It runs eagerly: neither its warm-up nor a sampled completion with log-probs (the sampler's compiled rank
+    count) starts a C++ compiler, which costs seconds of CPU in every new pod (its /tmp holds no cache)."""
+    for seed in (5, 6):
+        body = {"prompt": world["demonstration"].token_ids[:30], "max_tokens": 8, "temperature": 0.9, "seed": seed}
+        assert API.post(world["url"] + "/v1/completions", json=body, timeout=60).status_code == 200
+    assert sorted(p.name for p in world["tmp"].glob("torchinductor_*")) == []
+
+
+def test_the_models_architecture_was_inspected_in_the_servers_process(world):
+    """Not in a fresh interpreter (vLLM's way of keeping CUDA out of its process), which costs 10 CPU-s at every
+    start with an empty cache and leaves its answer there."""
+    assert not (world["vllm_cache"] / "modelinfos").exists()
 
 
 def test_a_seeded_long_prompt_is_served(world):
