@@ -4,25 +4,20 @@ sandbox; bad input is one line naming the field or file, exit 2."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BASE_MANIFEST, BIN
+from conftest import BASE_MANIFEST
+from helpers.kuberl_cli import kuberl, kuberl_here
 from helpers.tiny_job import tiny_job_spec
 
 from kuberl.suites import load_tasks
 from kuberl.suites.store import write_jsonl
 from recipes.swe_toy.tiny_model import build_tiny_model
 
-KUBERL = str(BIN / "kuberl")
-
-
-def kuberl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return subprocess.run([KUBERL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def job_file(tmp_path: Path, spec: dict) -> str:
@@ -40,20 +35,20 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 def test_a_policy_folder_that_is_not_a_model_is_one_line_naming_it(tmp_path):
     job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
     (tmp_path / "policy").mkdir()
-    error = one_line_error(kuberl("evaluate", job, "--model", str(tmp_path / "policy")))
+    error = one_line_error(kuberl_here("evaluate", job, "--model", str(tmp_path / "policy")))
     assert f"{tmp_path / 'policy'}: no config.json" in error
 
 
 def test_the_older_grammar_is_answered_with_the_new_one(tmp_path):
     job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
     (tmp_path / "policy").mkdir()
-    error = one_line_error(kuberl("evaluate", str(tmp_path / "policy"), "--job", job))
+    error = one_line_error(kuberl_here("evaluate", str(tmp_path / "policy"), "--job", job))
     assert "kuberl evaluate JOB.yaml --model POLICY_DIR" in error
 
 
 def test_without_model_it_scores_the_runs_export_and_names_it_when_missing(tmp_path):
     job = job_file(tmp_path, {"model": {"uri": "runs/models/tiny-llama"}})
-    error = one_line_error(kuberl("evaluate", job, "--run-dir", str(tmp_path / "run")))
+    error = one_line_error(kuberl_here("evaluate", job, "--run-dir", str(tmp_path / "run")))
     assert f"{tmp_path / 'run' / 'policy'}: no config.json" in error
 
 
@@ -62,14 +57,14 @@ def test_a_task_file_without_fail_to_pass_is_refused_naming_the_file_and_field(t
     tasks = [t.model_copy(update={"fail_to_pass": None, "pass_to_pass": None}) for t in load_tasks("swe-toy")[:2]]
     write_jsonl(tasks, tmp_path / "old.jsonl")
     job = job_file(tmp_path, tiny_job_spec(model))
-    error = one_line_error(kuberl("evaluate", job, "--model", str(model), "--tasks", str(tmp_path / "old.jsonl")))
+    error = one_line_error(kuberl_here("evaluate", job, "--model", str(model), "--tasks", str(tmp_path / "old.jsonl")))
     assert "old.jsonl" in error and "failToPass" in error
 
 
 def test_a_landing_floor_outside_zero_to_one_is_refused_naming_the_field(tmp_path):
     warmup = {"demonstrations": "d.jsonl", "landing": {"min": 1.5}}
     job = job_file(tmp_path, {"model": {"uri": "m"}, "training": {"warmup": warmup}})
-    error = one_line_error(kuberl("validate", job))
+    error = one_line_error(kuberl_here("validate", job))
     assert "spec.training.warmup.landing.min" in error
 
 
@@ -90,6 +85,7 @@ def test_it_scores_a_task_file_and_writes_the_summary(tmp_path):
         "2",
         "--output",
         str(out),
+        env=ENGINE_ENV,
         timeout=400,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN
+from helpers.kuberl_cli import kuberl, kuberl_here
 
 from kuberl.api.spec import RLJobSpec
 from kuberl.planning import PlanError, model_shape_from_config, plan_memory, quantity_bytes, read_model_shape
-
-KUBERL = str(BIN / "kuberl")
 
 # hidden 8, 2 layers, 2 query heads and 1 key/value head of width 4, MLP 16, vocabulary 32, untied
 CONFIG = {
@@ -160,10 +157,6 @@ def test_config_errors_name_the_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ the commands
-def kuberl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KUBERL, *args], capture_output=True, text=True, timeout=60, env=dict(os.environ))
-
-
 def job_file(tmp_path: Path, learner_memory: str = "1Gi") -> str:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
@@ -181,28 +174,28 @@ def job_file(tmp_path: Path, learner_memory: str = "1Gi") -> str:
 
 def test_plan_prints_a_table_and_json(tmp_path):
     path = job_file(tmp_path)
-    table = kuberl("plan", path)
+    table = kuberl_here("plan", path)
     assert table.returncode == 0, table.stderr
     assert "activations, with checkpointing" in table.stdout and "fits, headroom" in table.stdout
-    as_json = kuberl("plan", "--json", path)
+    as_json = kuberl_here("plan", "--json", path)
     plan = json.loads(as_json.stdout)
     assert plan["parameters"] == 1704 and plan["fits"] is True
     assert plan["learner"]["peak"] == 27_264 + 262_144 + 1_048_576
 
 
 def test_plan_exits_2_with_one_line_on_bad_input(tmp_path):
-    missing = kuberl("plan", str(tmp_path / "nope.yaml"))
+    missing = kuberl_here("plan", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and missing.stderr.strip().endswith("file not found")
-    remote = kuberl("plan", job_file(tmp_path), "--model", "gs://models/x")
+    remote = kuberl_here("plan", job_file(tmp_path), "--model", "gs://models/x")
     assert remote.returncode == 2 and remote.stderr.count("\n") == 1 and "config.json" in remote.stderr
     assert "Traceback" not in missing.stderr + remote.stderr
 
 
 def test_validate_warns_when_the_job_cannot_fit(tmp_path):
-    tight = kuberl("validate", job_file(tmp_path, learner_memory="100Ki"))
+    tight = kuberl_here("validate", job_file(tmp_path, learner_memory="100Ki"))
     assert tight.returncode == 0 and "is valid" in tight.stdout
     assert "warning: does not fit: learner needs" in tight.stderr
-    roomy = kuberl("validate", job_file(tmp_path))
+    roomy = kuberl_here("validate", job_file(tmp_path))
     assert roomy.returncode == 0 and "warning" not in roomy.stderr
 
 
@@ -245,17 +238,17 @@ def test_micro_batch_tokens_is_validated():
 
 # ------------------------------------------------------------------------------ --check and s3
 def test_check_exits_1_and_says_what_to_change(tmp_path):
-    fits = kuberl("plan", "--check", job_file(tmp_path))
+    fits = kuberl_here("plan", "--check", job_file(tmp_path))
     assert fits.returncode == 0, fits.stderr
     doc = yaml.safe_load(Path(job_file(tmp_path, learner_memory="1Mi")).read_text())
     doc["spec"]["learner"]["microBatchTokens"] = 2048
     path = tmp_path / "tight.yaml"
     path.write_text(yaml.safe_dump(doc))
-    tight = kuberl("plan", "--check", str(path))
+    tight = kuberl_here("plan", "--check", str(path))
     assert tight.returncode == 1 and "does not fit: learner needs" in tight.stderr
     budget = plan_memory(spec(learner={"resources": {"limits": {"memory": "1Mi"}}}), SHAPE).learner.token_budget
     assert f"to fit: set spec.learner.microBatchTokens to {budget} or fewer" in tight.stderr
-    assert kuberl("plan", str(path)).returncode == 0  # without --check the table is all
+    assert kuberl_here("plan", str(path)).returncode == 0  # without --check the table is all
 
 
 @pytest.mark.slow
@@ -272,22 +265,10 @@ def test_plan_reads_config_json_from_s3_with_the_jobs_credentials(tmp_path):
         path = tmp_path / "s3.yaml"
         path.write_text(yaml.safe_dump(doc))
         env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_DEFAULT_REGION": "us-east-1"}
-        good = subprocess.run(
-            [KUBERL, "plan", "--json", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**env, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
-        )
+        good = kuberl("plan", "--json", str(path), env={**env, "AWS_SECRET_ACCESS_KEY": s3.secret_key})
         assert good.returncode == 0, good.stderr
         assert json.loads(good.stdout)["parameters"] == 1704
-        wrong = subprocess.run(
-            [KUBERL, "plan", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"},
-        )
+        wrong = kuberl("plan", str(path), env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
         assert wrong.returncode == 2 and "s3://models/tiny/config.json: cannot read it" in wrong.stderr
         assert "AWS_SECRET_ACCESS_KEY" in wrong.stderr and "Traceback" not in wrong.stderr
 
@@ -352,6 +333,6 @@ def test_every_shipped_example_fits_by_its_own_plan(example, tmp_path):
     names = [name for name in MODELS if name in uri]
     assert len(names) == 1, f"{example.name}: no config.json known for {uri}; add it to MODELS"
     (tmp_path / "config.json").write_text(json.dumps(MODELS[names[0]]))
-    result = kuberl("plan", "--check", str(example), "--model", str(tmp_path))
+    result = kuberl_here("plan", "--check", str(example), "--model", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "DOES NOT FIT" not in result.stdout

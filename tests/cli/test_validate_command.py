@@ -4,28 +4,14 @@ document and field; never a traceback."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BASE_MANIFEST, BIN, EXAMPLES
+from conftest import BASE_MANIFEST, EXAMPLES
+from helpers.kuberl_cli import kuberl, kuberl_here
 
 from recipes.swe_toy.tiny_model import build_tiny_model
-
-KUBERL = str(BIN / "kuberl")
-
-
-def kuberl(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [KUBERL, *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=60,
-        env=None if env is None else {**os.environ, **env},
-    )
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -39,7 +25,7 @@ def manifest_with(**spec) -> str:
 
 
 def test_every_example_is_valid():
-    result = kuberl("validate", *map(str, EXAMPLES))
+    result = kuberl_here("validate", *map(str, EXAMPLES))
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("is valid") == len(EXAMPLES) >= 3
 
@@ -151,7 +137,7 @@ BAD = [
 @pytest.mark.parametrize(("case", "text", "expected"), BAD, ids=[b[0] for b in BAD])
 def test_bad_manifest_gets_one_line_per_problem(tmp_path, case, text, expected):
     path = str(tmp_path / f"{case}.yaml") if text is None else write(tmp_path, f"{case}.yaml", text)
-    result = kuberl("validate", path)
+    result = kuberl_here("validate", path)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr + result.stdout
     lines = [line for line in result.stderr.splitlines() if not line.endswith("invalid")]
@@ -165,7 +151,7 @@ def test_every_bad_row_of_a_local_task_file_is_named_by_line_and_field(tmp_path)
     good = '{"taskId": "a", "prompt": "p", "files": {"x.py": "1"}}'
     tasks.write_text(f'{good}\n{{"taskId": "b", "prompt": "p", "files": {{"../x.py": "1"}}}}\nnot json\n{good}\n')
     path = write(tmp_path, "job.yaml", manifest_with(environment={"tasks": {"uri": str(tasks)}}))
-    result = kuberl("validate", path)
+    result = kuberl_here("validate", path)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if "tasks.uri" in line]
     assert [line.split(f"{tasks} ")[1].split(":")[0] for line in lines] == ["line 2", "line 3", "line 4"], lines
@@ -175,7 +161,7 @@ def test_every_bad_row_of_a_local_task_file_is_named_by_line_and_field(tmp_path)
 
 def test_numbers_are_read_as_kubectl_reads_them(tmp_path):
     text = manifest_with() + "  training: {learningRate: 1e-6, totalSteps: 10}\n"
-    result = kuberl("validate", write(tmp_path, "job.yaml", text))
+    result = kuberl_here("validate", write(tmp_path, "job.yaml", text))
     assert result.returncode == 0, result.stderr
 
 
@@ -183,7 +169,7 @@ def test_many_documents_are_reported_each_by_number(tmp_path):
     good = yaml.safe_dump(BASE_MANIFEST)
     bad = manifest_with(training={"seed": -1})
     path = write(tmp_path, "stream.yaml", f"{good}---\n{bad}---\n{good}")
-    result = kuberl("validate", path)
+    result = kuberl_here("validate", path)
     assert result.returncode == 2
     assert f"{path}#1: RLJob 'unit' is valid" in result.stdout
     assert f"{path}#3: RLJob 'unit' is valid" in result.stdout
@@ -192,12 +178,12 @@ def test_many_documents_are_reported_each_by_number(tmp_path):
 
 
 def test_reads_stdin_and_quiet_prints_nothing_for_valid_documents():
-    result = kuberl("validate", "--quiet", "-", stdin=yaml.safe_dump(BASE_MANIFEST))
+    result = kuberl_here("validate", "--quiet", "-", stdin=yaml.safe_dump(BASE_MANIFEST))
     assert result.returncode == 0 and result.stdout == "" and result.stderr == ""
 
 
 def test_no_arguments_is_a_usage_error():
-    result = kuberl("validate")
+    result = kuberl_here("validate")
     assert result.returncode == 2 and "Missing argument" in result.stderr
 
 
@@ -243,7 +229,7 @@ def test_an_image_template_naming_a_field_the_instances_lack_is_named(tmp_path):
     job = manifest_with(
         environment=swe, reward={"function": "swe-bench-resolved"}, sandbox={"imageTemplate": "reg/{image_tag}"}
     )
-    result = kuberl("validate", write(tmp_path, "job.yaml", job))
+    result = kuberl_here("validate", write(tmp_path, "job.yaml", job))
     assert result.returncode == 2, result.stderr
     assert "spec.sandbox.imageTemplate" in result.stderr and "{image_tag}" in result.stderr, result.stderr
     assert "octo__lib-1" in result.stderr
@@ -253,7 +239,7 @@ def test_instances_without_images_need_the_mirror_and_with_images_do_not(tmp_pat
     instances = tmp_path / "instances.jsonl"
     instances.write_text(_instance("octo__lib-1") + _instance("octo__lib-2", image="reg/lib:2"))
     swe = {"name": "swe-bench", "tasks": {"uri": str(instances)}}
-    without = kuberl(
+    without = kuberl_here(
         "validate", write(tmp_path, "a.yaml", manifest_with(environment=swe, reward={"function": "swe-bench-resolved"}))
     )
     assert without.returncode == 2 and "spec.environment.tasks.repos" in without.stderr, without.stderr
@@ -263,5 +249,5 @@ def test_instances_without_images_need_the_mirror_and_with_images_do_not(tmp_pat
         reward={"function": "swe-bench-resolved"},
         sandbox={"imageTemplate": "docker.io/swebench/sweb.eval.x86_64.{swebench_id}:latest"},
     )
-    result = kuberl("validate", write(tmp_path, "b.yaml", templated))
+    result = kuberl_here("validate", write(tmp_path, "b.yaml", templated))
     assert result.returncode == 0, result.stderr

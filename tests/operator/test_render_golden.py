@@ -8,25 +8,20 @@ and review the diff like code.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, EXAMPLES
+from conftest import EXAMPLES
+from helpers.kuberl_cli import kuberl_here
 
 from kuberl.validation import load_rljob
 from kuberl_operator.desired import desired_objects, render_yaml_stream, target_namespace
 from kuberl_operator.meta import owner_reference
 
-KUBERL = str(BIN / "kuberl")
 GOLDEN = Path(__file__).parent / "golden"
 UID = "00000000-0000-4000-8000-000000000000"
 UPDATE = os.environ.get("KUBERL_UPDATE_GOLDEN") == "1"
-
-
-def kuberl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KUBERL, *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -42,14 +37,14 @@ def test_rendered_example_matches_its_golden_file(path):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_the_command_prints_the_golden_stream(path):
-    result = kuberl("render", str(path), "--uid", UID)
+    result = kuberl_here("render", str(path), "--uid", UID)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (GOLDEN / f"{path.stem}.yaml").read_text()
     assert "Secret" in result.stderr  # tells the user which Secret the pods read
 
 
 def test_namespace_option_wins_and_no_uid_means_no_owner_references():
-    result = kuberl("render", str(EXAMPLES[0]), "--namespace", "team-b")
+    result = kuberl_here("render", str(EXAMPLES[0]), "--namespace", "team-b")
     assert result.returncode == 0, result.stderr
     objects = list(yaml.safe_load_all(result.stdout))
     assert {o["metadata"]["namespace"] for o in objects} == {"team-b"}
@@ -63,7 +58,7 @@ def test_bad_input_fails_with_the_lines_validate_gives(tmp_path):
         "apiVersion: kuberl.io/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
         "spec: {learner: {replicas: 0}, sandbox: {egres: allow}}\n"
     )
-    rendered, validated = kuberl("render", str(bad)), kuberl("validate", str(bad))
+    rendered, validated = kuberl_here("render", str(bad)), kuberl_here("validate", str(bad))
     assert rendered.returncode == validated.returncode == 2
     assert rendered.stdout == ""
     problems = [line for line in validated.stderr.splitlines() if not line.endswith("invalid")]
@@ -73,6 +68,6 @@ def test_bad_input_fails_with_the_lines_validate_gives(tmp_path):
 
 
 def test_a_missing_file_is_one_line(tmp_path):
-    result = kuberl("render", str(tmp_path / "nope.yaml"))
+    result = kuberl_here("render", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2
     assert result.stderr.strip() == f"{tmp_path / 'nope.yaml'}: file not found"

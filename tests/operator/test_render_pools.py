@@ -9,11 +9,10 @@ from pathlib import Path
 
 import kubernetes_validate
 import yaml
-from conftest import BIN
+from helpers.kuberl_cli import kuberl_here
 
 from kuberl.api.sandbox_images import pool_service_name
 
-KUBERL = str(BIN / "kuberl")
 NEWEST = kubernetes_validate.utils.latest_version()
 TEST_PATCH = (
     "diff --git a/tests/test_a.py b/tests/test_a.py\nnew file mode 100644\n--- /dev/null\n+++ b/tests/test_a.py\n"
@@ -61,7 +60,7 @@ def write_instances(folder: Path, rows: list[dict]) -> Path:
 
 
 def render(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KUBERL, "render", *args], capture_output=True, text=True, timeout=120)
+    return kuberl_here("render", *args)
 
 
 def test_twenty_images_render_twenty_pools_at_zero_valid_for_kubernetes(tmp_path):
