@@ -52,7 +52,7 @@ def cel_violations(schema: dict[str, Any], value: Any, path: str = "") -> list[t
     found: list[tuple[str, str]] = []
     for rule in schema.get("x-kubernetes-validations", []):
         program = _ENV.program(_ENV.compile(rule["rule"]))
-        if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+        if not bool(program.evaluate({"self": celpy.json_to_cel(_as_declared(schema, value))})):
             found.append((path + rule.get("fieldPath", ""), rule["message"]))
     if isinstance(value, dict):
         for prop, sub in schema.get("properties", {}).items():
@@ -62,6 +62,20 @@ def cel_violations(schema: dict[str, Any], value: Any, path: str = "") -> list[t
         for i, item in enumerate(value):
             found += cel_violations(schema["items"], item, f"{path}[{i}]")
     return found
+
+
+def _as_declared(schema: dict[str, Any], value: Any) -> Any:
+    """`value` with the CEL types its schema gives it: a `number` field is a double, even written as 0 (CEL has
+    no ordering between an int and a double)."""
+    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        fallback = extra if isinstance(extra, dict) else {}
+        return {k: _as_declared(props.get(k, fallback), v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_declared(schema.get("items", {}), item) for item in value]
+    return value
 
 
 def undeclared_fields(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
