@@ -24,13 +24,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import swe_repos
 from helpers.built_images import REPO, STORAGE, exclusive_build, image_exists
+from helpers.sdists import sdist
 
 REPOSITORY = "localhost/kuberl-tests"
 REPOSITORIES = ("semver", "inflection")
@@ -198,14 +198,7 @@ def _ca_bundle() -> Path | None:
 
 def _sdist(package: str, version: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", f"{package}=={version}"],
-        cwd=folder,
-        check=True,
-        capture_output=True,
-    )
-    (archive,) = folder.glob(f"{package}-{version}.tar.gz")
-    shutil.unpack_archive(archive, folder, filter="data")
+    shutil.unpack_archive(sdist(package, version), folder, filter="data")
     return folder / f"{package}-{version}"
 
 

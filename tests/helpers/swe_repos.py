@@ -12,10 +12,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from helpers.sdists import sdist
 
 PACKAGE, VERSION = "semver", "3.0.4"
 REPO = "python-semver/python-semver"
@@ -61,14 +62,7 @@ def _git(repo: Path, *args: str) -> str:
 def fetch_sdist(folder: Path) -> Path:
     """The unpacked source distribution of semver (pip, at test time)."""
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={VERSION}"],
-        cwd=folder,
-        check=True,
-        capture_output=True,
-    )
-    (archive,) = folder.glob(f"{PACKAGE}-{VERSION}.tar.gz")
-    with tarfile.open(archive) as tar:
+    with tarfile.open(sdist(PACKAGE, VERSION)) as tar:
         tar.extractall(folder, filter="data")
     return folder / f"{PACKAGE}-{VERSION}"
 
