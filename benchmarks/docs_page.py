@@ -33,6 +33,7 @@ TITLES = {
     "sandbox_network": "A network namespace per sandbox session",
     "sandbox_pools": "Sandbox pools per image (simulated)",
     "swe_tasks": "SWE-bench-format tasks on real repositories",
+    "test_suite": "`make test` on a fresh clone",
 }
 DESCRIBE = ("what", "how", "method", "command")  # prose keys, in this order, rendered as sentences
 META = ("commit", "machine", "load", "time", "builder_commit")  # where and when, rendered on one line
