@@ -300,7 +300,7 @@ def _inspect_architectures_here(model_path: str) -> None:
     config = json.loads((Path(model_path) / "config.json").read_text())
     for architecture in config.get("architectures") or []:
         registered = ModelRegistry.models.get(architecture)
-        if hasattr(registered, "load_model_cls"):  # registered lazily, by module and class name
+        if registered is not None:  # one vLLM lacks is refused by the engine's own check, with its message
             ModelRegistry.register_model(architecture, registered.load_model_cls())
 
 
