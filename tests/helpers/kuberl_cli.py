@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 from click.testing import CliRunner
+from conftest import BIN
 
-KUBERL = str(Path(sys.executable).parent / "kuberl")
+KUBERL = str(BIN / "kuberl")
 
 
 def kuberl(
